@@ -1,0 +1,29 @@
+//! # flashattn
+//!
+//! Exact attention, `softmax(Q·Kᵀ·scale)·V`, by the FlashAttention algorithm: Q, K and V are
+//! processed in tiles with an online softmax (a running max and sum per query, rescaling the
+//! accumulator), so the N×N score matrix is never stored and memory stays O(N).
+//!
+//! * [`forward`] and [`backward`] take strided [`Tensor`]s and one [`AttentionParams`]; the call
+//!   runs where the tensors live (the CPU path is always available).
+//! * Options: scale, causal and sliding windows ([`Window`]), ALiBi, softcap, additive bias,
+//!   MQA/GQA, packed variable-length batches, head dims 1..=512 (V's may differ).
+//! * [`reference`] holds the f64 oracle and the "standard attention" baseline that the tests and
+//!   benchmarks measure against.
+
+pub mod attention;
+mod cpu;
+pub mod dtype;
+pub mod error;
+pub mod mask;
+pub mod params;
+pub mod problem;
+pub mod reference;
+pub mod tensor;
+
+pub use attention::{ForwardOutput, Gradients, backward, forward};
+pub use dtype::{DType, Element};
+pub use error::{Error, Result};
+pub use mask::{Mask, Window};
+pub use params::{AttentionParams, VarLen};
+pub use tensor::{Device, Tensor};

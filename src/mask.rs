@@ -1,0 +1,168 @@
+//! The one mask predicate. Causal attention is the window (left = ∞, right = 0); no mask is (∞, ∞).
+//!
+//! Queries and keys are aligned bottom-right: query `i` sits at key position `i + nk - nq`, so with
+//! `nq < nk` the last query sees every key, and with `nq > nk` the first `nq - nk` causal rows see
+//! no key at all (their output is 0 and their log-sum-exp is −∞).
+
+/// A sliding window of keys around each query's diagonal position; `None` is unbounded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Window {
+    /// How many keys before the diagonal a query sees (`None`: all of them).
+    pub left: Option<usize>,
+    /// How many keys after the diagonal a query sees (`None`: all of them).
+    pub right: Option<usize>,
+}
+
+impl Window {
+    /// Every key is visible.
+    pub const FULL: Window = Window {
+        left: None,
+        right: None,
+    };
+    /// Causal: keys up to and including the diagonal.
+    pub const CAUSAL: Window = Window {
+        left: None,
+        right: Some(0),
+    };
+
+    /// A window of `left` keys before and `right` keys after the diagonal.
+    pub fn new(left: Option<usize>, right: Option<usize>) -> Self {
+        Window { left, right }
+    }
+
+    /// True when nothing is masked.
+    pub fn is_full(&self) -> bool {
+        self.left.is_none() && self.right.is_none()
+    }
+}
+
+/// The window resolved for one sequence of `nq` queries and `nk` keys.
+#[derive(Clone, Copy, Debug)]
+pub struct Mask {
+    /// Key position of query 0's diagonal: `nk - nq`.
+    diag: i64,
+    left: i64,
+    right: i64,
+    nk: i64,
+}
+
+impl Mask {
+    /// The window for a sequence of `nq` queries over `nk` keys.
+    pub fn new(window: Window, nq: usize, nk: usize) -> Self {
+        let clamp =
+            |w: Option<usize>| w.map_or(i64::MAX / 4, |w| w.min(i64::MAX as usize / 4) as i64);
+        Mask {
+            diag: nk as i64 - nq as i64,
+            left: clamp(window.left),
+            right: clamp(window.right),
+            nk: nk as i64,
+        }
+    }
+
+    /// Whether query `i` sees key `j`.
+    #[inline(always)]
+    pub fn visible(&self, i: usize, j: usize) -> bool {
+        let d = j as i64 - (i as i64 + self.diag);
+        -self.left <= d && d <= self.right
+    }
+
+    /// The keys query `i` sees, as a half-open range (empty when it sees none).
+    #[inline]
+    pub fn key_range(&self, i: usize) -> std::ops::Range<usize> {
+        let center = i as i64 + self.diag;
+        let lo = (center - self.left).clamp(0, self.nk);
+        let hi = (center + self.right + 1).clamp(0, self.nk);
+        lo as usize..(hi.max(lo)) as usize
+    }
+
+    /// The keys any query in `rows` sees: key blocks outside it are skipped whole.
+    pub fn key_range_for_rows(&self, rows: std::ops::Range<usize>) -> std::ops::Range<usize> {
+        if rows.is_empty() {
+            return 0..0;
+        }
+        let first = self.key_range(rows.start);
+        let last = self.key_range(rows.end - 1);
+        let (lo, hi) = (first.start.min(last.start), first.end.max(last.end));
+        if lo >= hi { 0..0 } else { lo..hi }
+    }
+
+    /// True when every query in `rows` sees every key in `keys`: such a tile needs no masking.
+    pub fn tile_is_full(&self, rows: std::ops::Range<usize>, keys: std::ops::Range<usize>) -> bool {
+        if rows.is_empty() || keys.is_empty() {
+            return true;
+        }
+        // The window's lower edge is tightest for the first row, the upper edge for the last.
+        let lo = self.key_range(rows.end - 1).start;
+        let hi = self.key_range(rows.start).end;
+        lo <= keys.start && keys.end <= hi
+    }
+
+    /// True when no query in `rows` sees any key in `keys`.
+    pub fn tile_is_empty(
+        &self,
+        rows: std::ops::Range<usize>,
+        keys: std::ops::Range<usize>,
+    ) -> bool {
+        let seen = self.key_range_for_rows(rows);
+        seen.end <= keys.start || keys.end <= seen.start
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn brute(w: Window, nq: usize, nk: usize) {
+        let m = Mask::new(w, nq, nk);
+        for i in 0..nq {
+            let r = m.key_range(i);
+            for j in 0..nk {
+                assert_eq!(
+                    m.visible(i, j),
+                    r.contains(&j),
+                    "{w:?} nq={nq} nk={nk} i={i} j={j}"
+                );
+            }
+        }
+        for bs in [1, 3, 16] {
+            for q0 in (0..nq).step_by(bs) {
+                let rows = q0..(q0 + bs).min(nq);
+                for k0 in (0..nk).step_by(bs) {
+                    let keys = k0..(k0 + bs).min(nk);
+                    let any = rows.clone().any(|i| keys.clone().any(|j| m.visible(i, j)));
+                    let all = rows.clone().all(|i| keys.clone().all(|j| m.visible(i, j)));
+                    assert_eq!(m.tile_is_empty(rows.clone(), keys.clone()), !any);
+                    assert_eq!(m.tile_is_full(rows.clone(), keys.clone()), all);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ranges_match_the_predicate() {
+        let windows = [
+            Window::FULL,
+            Window::CAUSAL,
+            Window::new(Some(3), Some(0)),
+            Window::new(Some(0), Some(2)),
+            Window::new(Some(5), Some(7)),
+            Window::new(None, Some(4)),
+            Window::new(Some(2), None),
+        ];
+        for w in windows {
+            for (nq, nk) in [(1, 1), (7, 7), (7, 20), (20, 7), (33, 65), (0, 5), (5, 0)] {
+                brute(w, nq, nk);
+            }
+        }
+    }
+
+    #[test]
+    fn causal_is_bottom_right() {
+        let m = Mask::new(Window::CAUSAL, 2, 5);
+        assert_eq!(m.key_range(0), 0..4);
+        assert_eq!(m.key_range(1), 0..5);
+        let m = Mask::new(Window::CAUSAL, 5, 2);
+        assert!(m.key_range(0).is_empty());
+        assert_eq!(m.key_range(4), 0..2);
+    }
+}

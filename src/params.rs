@@ -1,0 +1,104 @@
+//! Every option of an attention call, in one struct.
+//!
+//! The order of operations is fixed (as in FlashAttention-2), for query `i` and key `j` of a
+//! sequence with `nq` queries and `nk` keys:
+//!
+//! 1. `s = (q_i · k_j) · scale`
+//! 2. softcap: `s = cap · tanh(s / cap)`
+//! 3. ALiBi and bias: `s = s − slope · |i + nk − nq − j| + bias[b, h, i, j]`
+//! 4. mask: `s = −∞` where the [`Window`] hides key `j` from query `i`
+//! 5. `p = softmax_j(s)`, `out_i = Σ_j p_ij · v_j`, `lse_i = log Σ_j exp(s_ij)`
+//!
+//! A row that sees no key gets output 0 and log-sum-exp −∞.
+
+use crate::mask::Window;
+use crate::tensor::Tensor;
+
+/// Packed variable-length batches: sequence `b` holds rows `cu_seqlens[b]..cu_seqlens[b + 1]` of
+/// the packed `[total_tokens, heads, head_dim]` tensors.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VarLen {
+    /// Cumulative query lengths, `batch + 1` entries starting at 0.
+    pub cu_seqlens_q: Vec<i32>,
+    /// Cumulative key/value lengths, `batch + 1` entries starting at 0.
+    pub cu_seqlens_k: Vec<i32>,
+}
+
+/// Options of a forward or backward call. Build with the chained setters:
+///
+/// ```
+/// use flashattn::{AttentionParams, Window};
+/// let p = AttentionParams::default().causal().softcap(30.0);
+/// assert_eq!(p.window, Window::CAUSAL);
+/// let p = AttentionParams::default().window(128, 0).scale(0.125);
+/// assert_eq!(p.window, Window::new(Some(128), Some(0)));
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct AttentionParams {
+    /// Multiplier of `q · k`; `None` means `1 / sqrt(head_dim)`.
+    pub scale: Option<f32>,
+    /// Which keys each query sees; [`Window::CAUSAL`] is causal attention.
+    pub window: Window,
+    /// ALiBi slopes, f32, shape `[heads]` or `[batch, heads]` (query heads).
+    pub alibi_slopes: Option<Tensor>,
+    /// Soft cap applied to the scaled scores: `cap · tanh(s / cap)`.
+    pub softcap: Option<f32>,
+    /// Additive bias of 4 dimensions broadcastable to `[batch, heads, seqlen_q, seqlen_k]` (each
+    /// dimension either full or 1). With [`VarLen`] the last two are the longest sequence lengths and
+    /// sequence `b` reads its top-left corner. Any dtype; read in f32.
+    pub bias: Option<Tensor>,
+    /// Packed variable-length batches; `None` for padded `[batch, seqlen, heads, head_dim]` inputs.
+    pub varlen: Option<VarLen>,
+}
+
+impl AttentionParams {
+    /// Set the score scale (default `1 / sqrt(head_dim)`).
+    pub fn scale(mut self, scale: f32) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+
+    /// Causal attention, aligned bottom-right.
+    pub fn causal(mut self) -> Self {
+        self.window = Window::CAUSAL;
+        self
+    }
+
+    /// A sliding window of `left` keys before and `right` keys after the diagonal.
+    pub fn window(mut self, left: usize, right: usize) -> Self {
+        self.window = Window::new(Some(left), Some(right));
+        self
+    }
+
+    /// Soft-cap the scores at `cap`.
+    pub fn softcap(mut self, cap: f32) -> Self {
+        self.softcap = Some(cap);
+        self
+    }
+
+    /// ALiBi slopes (`[heads]` or `[batch, heads]`, f32).
+    pub fn alibi(mut self, slopes: Tensor) -> Self {
+        self.alibi_slopes = Some(slopes);
+        self
+    }
+
+    /// An additive bias broadcastable to `[batch, heads, seqlen_q, seqlen_k]`.
+    pub fn bias(mut self, bias: Tensor) -> Self {
+        self.bias = Some(bias);
+        self
+    }
+
+    /// Packed variable-length batches.
+    pub fn varlen(mut self, cu_seqlens_q: Vec<i32>, cu_seqlens_k: Vec<i32>) -> Self {
+        self.varlen = Some(VarLen {
+            cu_seqlens_q,
+            cu_seqlens_k,
+        });
+        self
+    }
+
+    /// True when the call masks at all (causal or a bounded window).
+    pub fn is_masked(&self) -> bool {
+        !self.window.is_full()
+    }
+}

@@ -1,0 +1,532 @@
+//! Validation: turns tensors and [`AttentionParams`] into a [`Problem`], the plain description of
+//! sizes, strides and options that every backend's kernels read. Nothing runs on an input that fails
+//! here, and every failure names the argument.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::mask::{Mask, Window};
+use crate::params::AttentionParams;
+use crate::tensor::{Device, Tensor, contiguous_strides};
+
+/// The largest head dimension of Q/K and of V.
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// Element strides of a `[batch, seqlen, heads, head_dim]` (or packed `[tokens, heads, head_dim]`,
+/// with `batch = 0`) operand; the head dimension has stride 1.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RowLayout {
+    pub offset: usize,
+    pub batch: usize,
+    pub row: usize,
+    pub head: usize,
+}
+
+impl RowLayout {
+    fn of(t: &Tensor) -> Self {
+        let s = t.strides();
+        if t.rank() == 4 {
+            RowLayout {
+                offset: t.offset(),
+                batch: s[0],
+                row: s[1],
+                head: s[2],
+            }
+        } else {
+            RowLayout {
+                offset: t.offset(),
+                batch: 0,
+                row: s[0],
+                head: s[1],
+            }
+        }
+    }
+}
+
+/// One sequence of the batch: its lengths and, for packed inputs, its first row.
+#[derive(Clone, Copy, Debug)]
+pub struct Seq {
+    pub q_row0: usize,
+    pub k_row0: usize,
+    pub nq: usize,
+    pub nk: usize,
+}
+
+/// Element strides of the bias, 0 along broadcast dimensions.
+#[derive(Clone, Copy, Debug)]
+pub struct BiasLayout {
+    pub offset: usize,
+    pub strides: [usize; 4],
+}
+
+/// A validated attention problem.
+#[derive(Clone, Debug)]
+pub struct Problem {
+    pub dtype: DType,
+    pub device: Device,
+    pub batch: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    pub head_dim_v: usize,
+    pub seqs: Vec<Seq>,
+    pub max_nq: usize,
+    pub max_nk: usize,
+    /// Rows of the packed query tensor (`batch · seqlen_q` when padded).
+    pub total_q: usize,
+    pub varlen: bool,
+    pub q: RowLayout,
+    pub k: RowLayout,
+    pub v: RowLayout,
+    pub scale: f32,
+    pub softcap: Option<f32>,
+    pub window: Window,
+    /// One slope per (batch, query head), `batch · heads_q` entries.
+    pub alibi: Option<Vec<f32>>,
+    /// The bias converted to f32 (a view when it already was), and its strides.
+    pub bias: Option<(Tensor, BiasLayout)>,
+}
+
+fn expect_rank(t: &Tensor, arg: &'static str, rank: usize, what: &str) -> Result<()> {
+    if t.rank() != rank {
+        return Err(Error::arg(
+            arg,
+            format!("{rank} dimensions {what}"),
+            format!("shape {:?}", t.shape()),
+        ));
+    }
+    Ok(())
+}
+
+fn expect_dim(arg: &'static str, what: &str, expected: usize, got: usize) -> Result<()> {
+    if expected != got {
+        return Err(Error::arg(
+            arg,
+            format!("{what} = {expected}"),
+            format!("{what} = {got}"),
+        ));
+    }
+    Ok(())
+}
+
+fn expect_device(t: &Tensor, arg: &'static str, device: Device) -> Result<()> {
+    if t.device() != device {
+        return Err(Error::DeviceMismatch {
+            arg,
+            expected: device.to_string(),
+            got: t.device().to_string(),
+        });
+    }
+    Ok(())
+}
+
+fn expect_unit_last_stride(t: &Tensor, arg: &'static str) -> Result<()> {
+    let last = t.rank() - 1;
+    if t.shape()[last] > 1 && t.strides()[last] != 1 {
+        return Err(Error::arg(
+            arg,
+            "a contiguous last dimension (stride 1)",
+            format!("stride {}", t.strides()[last]),
+        ));
+    }
+    Ok(())
+}
+
+fn head_dim_ok(arg: &'static str, d: usize) -> Result<()> {
+    if d == 0 || d > MAX_HEAD_DIM {
+        return Err(Error::arg(
+            arg,
+            format!("head_dim in 1..={MAX_HEAD_DIM}"),
+            format!("head_dim = {d}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks one cu_seqlens array against the packed tensor's row count and returns the lengths.
+fn seq_lengths(arg: &'static str, cu: &[i32], rows: usize) -> Result<Vec<usize>> {
+    if cu.is_empty() {
+        return Err(Error::arg(arg, "batch + 1 >= 1 entries", "0 entries"));
+    }
+    if cu[0] != 0 {
+        return Err(Error::arg(arg, "first entry 0", cu[0]));
+    }
+    let mut lens = Vec::with_capacity(cu.len() - 1);
+    for (b, w) in cu.windows(2).enumerate() {
+        if w[1] < w[0] {
+            return Err(Error::arg(
+                arg,
+                "non-decreasing offsets",
+                format!("entry {} = {} after entry {} = {}", b + 1, w[1], b, w[0]),
+            ));
+        }
+        lens.push((w[1] - w[0]) as usize);
+    }
+    let last = *cu.last().unwrap_or(&0);
+    if last as usize != rows {
+        return Err(Error::arg(
+            arg,
+            format!("last entry = total rows of the packed tensor = {rows}"),
+            last,
+        ));
+    }
+    Ok(lens)
+}
+
+impl Problem {
+    /// Validates a forward call.
+    pub fn new(q: &Tensor, k: &Tensor, v: &Tensor, params: &AttentionParams) -> Result<Self> {
+        let device = q.device();
+        expect_device(k, "k", device)?;
+        expect_device(v, "v", device)?;
+        let dtype = q.dtype();
+        for (t, arg) in [(k, "k"), (v, "v")] {
+            if t.dtype() != dtype {
+                return Err(Error::DType {
+                    arg,
+                    expected: format!("{dtype} (the dtype of q)"),
+                    got: t.dtype(),
+                });
+            }
+        }
+        let varlen = params.varlen.is_some();
+        let (rank, what) = if varlen {
+            (3, "[total_tokens, heads, head_dim] (packed, with varlen)")
+        } else {
+            (4, "[batch, seqlen, heads, head_dim]")
+        };
+        expect_rank(q, "q", rank, what)?;
+        expect_rank(k, "k", rank, what)?;
+        expect_rank(v, "v", rank, what)?;
+        for (t, arg) in [(q, "q"), (k, "k"), (v, "v")] {
+            expect_unit_last_stride(t, arg)?;
+        }
+        let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
+        let h = rank - 2;
+        let (heads_q, heads_kv) = (qs[h], ks[h]);
+        let (head_dim, head_dim_v) = (qs[h + 1], vs[h + 1]);
+        head_dim_ok("q", head_dim)?;
+        expect_dim("k", "head_dim", head_dim, ks[h + 1])?;
+        head_dim_ok("v", head_dim_v)?;
+        expect_dim("v", "heads", heads_kv, vs[h])?;
+        expect_dim("v", "seqlen", ks[h - 1], vs[h - 1])?;
+        if heads_q == 0 || heads_kv == 0 || heads_q % heads_kv != 0 {
+            return Err(Error::arg(
+                "k",
+                format!("a number of heads >= 1 that divides the query heads ({heads_q})"),
+                format!("{heads_kv} heads"),
+            ));
+        }
+
+        let seqs: Vec<Seq> = match &params.varlen {
+            None => {
+                expect_dim("k", "batch", qs[0], ks[0])?;
+                expect_dim("v", "batch", qs[0], vs[0])?;
+                (0..qs[0])
+                    .map(|_| Seq {
+                        q_row0: 0,
+                        k_row0: 0,
+                        nq: qs[1],
+                        nk: ks[1],
+                    })
+                    .collect()
+            }
+            Some(vl) => {
+                let lq = seq_lengths("cu_seqlens_q", &vl.cu_seqlens_q, qs[0])?;
+                let lk = seq_lengths("cu_seqlens_k", &vl.cu_seqlens_k, ks[0])?;
+                expect_dim(
+                    "cu_seqlens_k",
+                    "batch + 1 entries",
+                    lq.len() + 1,
+                    lk.len() + 1,
+                )?;
+                lq.iter()
+                    .zip(&lk)
+                    .enumerate()
+                    .map(|(b, (&nq, &nk))| Seq {
+                        q_row0: vl.cu_seqlens_q[b] as usize,
+                        k_row0: vl.cu_seqlens_k[b] as usize,
+                        nq,
+                        nk,
+                    })
+                    .collect()
+            }
+        };
+        let batch = seqs.len();
+        let max_nq = seqs.iter().map(|s| s.nq).max().unwrap_or(0);
+        let max_nk = seqs.iter().map(|s| s.nk).max().unwrap_or(0);
+        let total_q = if varlen { qs[0] } else { batch * max_nq };
+
+        let scale = params.scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
+        if !scale.is_finite() {
+            return Err(Error::arg("scale", "a finite number", scale));
+        }
+        if let Some(cap) = params.softcap {
+            if !(cap.is_finite() && cap > 0.0) {
+                return Err(Error::arg("softcap", "a finite number > 0", cap));
+            }
+        }
+        let alibi = match &params.alibi_slopes {
+            None => None,
+            Some(t) => Some(alibi_slopes(t, batch, heads_q)?),
+        };
+        let bias = match &params.bias {
+            None => None,
+            Some(t) => {
+                expect_device(t, "bias", device)?;
+                Some(bias_layout(t, [batch, heads_q, max_nq, max_nk])?)
+            }
+        };
+
+        Ok(Problem {
+            dtype,
+            device,
+            batch,
+            heads_q,
+            heads_kv,
+            head_dim,
+            head_dim_v,
+            seqs,
+            max_nq,
+            max_nk,
+            total_q,
+            varlen,
+            q: RowLayout::of(q),
+            k: RowLayout::of(k),
+            v: RowLayout::of(v),
+            scale,
+            softcap: params.softcap,
+            window: params.window,
+            alibi,
+            bias,
+        })
+    }
+
+    /// Query heads per key/value head.
+    pub fn group(&self) -> usize {
+        self.heads_q / self.heads_kv
+    }
+
+    /// The key/value head that query head `h` reads.
+    #[inline(always)]
+    pub fn kv_head(&self, h: usize) -> usize {
+        h / self.group()
+    }
+
+    /// The mask of sequence `b`.
+    pub fn mask(&self, b: usize) -> Mask {
+        Mask::new(self.window, self.seqs[b].nq, self.seqs[b].nk)
+    }
+
+    /// The ALiBi slope of (batch `b`, query head `h`), 0 without ALiBi.
+    #[inline(always)]
+    pub fn slope(&self, b: usize, h: usize) -> f32 {
+        self.alibi.as_ref().map_or(0.0, |s| s[b * self.heads_q + h])
+    }
+
+    /// Element index of `q[b, i, h, 0]` (i counted within sequence `b`).
+    #[inline(always)]
+    pub fn q_at(&self, b: usize, i: usize, h: usize) -> usize {
+        self.query_at(&self.q, b, i, h)
+    }
+
+    /// Element index of `k[b, j, hk, 0]`.
+    #[inline(always)]
+    pub fn k_at(&self, b: usize, j: usize, hk: usize) -> usize {
+        self.key_at(&self.k, b, j, hk)
+    }
+
+    /// Element index of `v[b, j, hk, 0]`.
+    #[inline(always)]
+    pub fn v_at(&self, b: usize, j: usize, hk: usize) -> usize {
+        self.key_at(&self.v, b, j, hk)
+    }
+
+    /// Element index of row `i` of sequence `b`, head `h`, in a query-shaped operand (q, out, dout, dq).
+    #[inline(always)]
+    pub fn query_at(&self, l: &RowLayout, b: usize, i: usize, h: usize) -> usize {
+        row_at(l, b, self.seqs[b].q_row0 + i, h)
+    }
+
+    /// Element index of row `j` of sequence `b`, head `hk`, in a key-shaped operand (k, v, dk, dv).
+    #[inline(always)]
+    pub fn key_at(&self, l: &RowLayout, b: usize, j: usize, hk: usize) -> usize {
+        row_at(l, b, self.seqs[b].k_row0 + j, hk)
+    }
+
+    /// Row of query `i` of sequence `b` in the packed (or flattened `[batch · seqlen_q]`) query rows.
+    #[inline(always)]
+    pub fn q_row(&self, b: usize, i: usize) -> usize {
+        if self.varlen {
+            self.seqs[b].q_row0 + i
+        } else {
+            b * self.max_nq + i
+        }
+    }
+
+    /// Row of key `j` of sequence `b` in the packed (or flattened) key rows.
+    #[inline(always)]
+    pub fn k_row(&self, b: usize, j: usize) -> usize {
+        if self.varlen {
+            self.seqs[b].k_row0 + j
+        } else {
+            b * self.max_nk + j
+        }
+    }
+
+    /// Element index of `lse[b, h, i]`: `[batch, heads, seqlen_q]`, or `[heads, total_q]` when packed.
+    #[inline(always)]
+    pub fn lse_at(&self, b: usize, h: usize, i: usize) -> usize {
+        if self.varlen {
+            h * self.total_q + self.seqs[b].q_row0 + i
+        } else {
+            (b * self.heads_q + h) * self.max_nq + i
+        }
+    }
+
+    /// Element index of `bias[b, h, i, 0]` (the key index has stride `bias.strides[3]`).
+    #[inline(always)]
+    pub fn bias_row_at(&self, layout: &BiasLayout, b: usize, h: usize, i: usize) -> usize {
+        let s = layout.strides;
+        layout.offset + b * s[0] + h * s[1] + i * s[2]
+    }
+
+    /// The shape of the log-sum-exp output.
+    pub fn lse_shape(&self) -> Vec<usize> {
+        if self.varlen {
+            vec![self.heads_q, self.total_q]
+        } else {
+            vec![self.batch, self.heads_q, self.max_nq]
+        }
+    }
+
+    /// Shape of a `[.., seqlen, heads, dim]` output like `like` with last dimension `dim`.
+    pub fn shape_like(like: &Tensor, dim: usize) -> Vec<usize> {
+        let mut shape = like.shape().to_vec();
+        *shape.last_mut().expect("validated rank >= 3") = dim;
+        shape
+    }
+
+    /// FLOPs of the forward pass by the usual count: `4 · seqlen_q · seqlen_k · heads · head_dim`
+    /// per sequence over the visible (query, key) pairs (so causal is about half).
+    pub fn forward_flops(&self) -> f64 {
+        let d = (self.head_dim + self.head_dim_v) as f64;
+        self.seqs
+            .iter()
+            .enumerate()
+            .map(|(b, s)| {
+                let m = self.mask(b);
+                let pairs: usize = (0..s.nq).map(|i| m.key_range(i).len()).sum();
+                2.0 * pairs as f64 * d * self.heads_q as f64
+            })
+            .sum()
+    }
+}
+
+#[inline(always)]
+fn row_at(l: &RowLayout, b: usize, row: usize, h: usize) -> usize {
+    l.offset + b * l.batch + row * l.row + h * l.head
+}
+
+/// Strides of an output shaped like `like` (same dimension order in memory), contiguous.
+pub fn strides_like(like: &Tensor, shape: &[usize]) -> Vec<usize> {
+    let rank = shape.len();
+    let mut order: Vec<usize> = (0..rank - 1).collect();
+    // Outer dimensions by decreasing stride of `like`; the head dimension stays innermost.
+    order.sort_by(|&a, &b| like.strides()[b].cmp(&like.strides()[a]));
+    order.push(rank - 1);
+    let permuted: Vec<usize> = order.iter().map(|&d| shape[d]).collect();
+    let cs = contiguous_strides(&permuted);
+    let mut strides = vec![0; rank];
+    for (pos, &d) in order.iter().enumerate() {
+        strides[d] = cs[pos];
+    }
+    strides
+}
+
+fn alibi_slopes(t: &Tensor, batch: usize, heads: usize) -> Result<Vec<f32>> {
+    if t.dtype() != DType::F32 {
+        return Err(Error::DType {
+            arg: "alibi_slopes",
+            expected: "f32".into(),
+            got: t.dtype(),
+        });
+    }
+    let per_batch = match t.shape() {
+        [h] if *h == heads => false,
+        [b, h] if *b == batch && *h == heads => true,
+        other => {
+            return Err(Error::arg(
+                "alibi_slopes",
+                format!("shape [{heads}] or [{batch}, {heads}] (query heads)"),
+                format!("{other:?}"),
+            ));
+        }
+    };
+    let s = t.to_f32_vec()?;
+    if let Some(bad) = s.iter().find(|x| !x.is_finite()) {
+        return Err(Error::arg("alibi_slopes", "finite slopes", bad));
+    }
+    Ok(if per_batch {
+        s
+    } else {
+        (0..batch).flat_map(|_| s.iter().copied()).collect()
+    })
+}
+
+fn bias_layout(t: &Tensor, full: [usize; 4]) -> Result<(Tensor, BiasLayout)> {
+    let expected = || {
+        format!("4 dimensions, each 1 or equal to {full:?} ([batch, heads, seqlen_q, seqlen_k])")
+    };
+    if t.rank() != 4 || t.shape().iter().zip(full).any(|(&d, f)| d != 1 && d != f) {
+        return Err(Error::arg(
+            "bias",
+            expected(),
+            format!("shape {:?}", t.shape()),
+        ));
+    }
+    let t = if t.dtype() == DType::F32 {
+        t.clone()
+    } else {
+        t.to_dtype(DType::F32)?
+    };
+    let mut strides = [0; 4];
+    for d in 0..4 {
+        strides[d] = if t.shape()[d] == 1 { 0 } else { t.strides()[d] };
+    }
+    let layout = BiasLayout {
+        offset: t.offset(),
+        strides,
+    };
+    Ok((t, layout))
+}
+
+/// Checks a tensor the backward reads (`out`, `dout`) against the expected shape and dtype.
+pub fn expect_like(
+    t: &Tensor,
+    arg: &'static str,
+    shape: &[usize],
+    dtype: DType,
+    device: Device,
+) -> Result<()> {
+    expect_device(t, arg, device)?;
+    if t.shape() != shape {
+        return Err(Error::arg(
+            arg,
+            format!("shape {shape:?}"),
+            format!("shape {:?}", t.shape()),
+        ));
+    }
+    if t.dtype() != dtype {
+        return Err(Error::DType {
+            arg,
+            expected: format!("{dtype} (the dtype of q)"),
+            got: t.dtype(),
+        });
+    }
+    expect_unit_last_stride(t, arg)
+}
+
+/// The layout of a validated `out`/`dout` operand.
+pub fn row_layout(t: &Tensor) -> RowLayout {
+    RowLayout::of(t)
+}

@@ -1,0 +1,3 @@
+//! Yardsticks: the f64 oracle (the truth for tests) and the standard attention baseline.
+
+pub mod oracle;

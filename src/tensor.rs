@@ -1,0 +1,400 @@
+//! Strided tensors on a device. A tensor is a shared buffer plus shape, strides and offset, so
+//! transposes and other views cost no copy: a `[batch, heads, seqlen, head_dim]` buffer is passed to
+//! attention as its `[batch, seqlen, heads, head_dim]` view with `transpose(1, 2)`.
+
+use std::sync::Arc;
+
+use half::{bf16, f16};
+
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+
+/// Where a tensor's data lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Device {
+    /// Host memory; always available.
+    Cpu,
+    /// An NVIDIA GPU, by ordinal.
+    Cuda(usize),
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// A host buffer of one dtype.
+#[derive(Clone, Debug)]
+pub(crate) enum CpuStorage {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+}
+
+impl CpuStorage {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            CpuStorage::F32(v) => v.len(),
+            CpuStorage::F16(v) => v.len(),
+            CpuStorage::BF16(v) => v.len(),
+        }
+    }
+
+    pub(crate) fn dtype(&self) -> DType {
+        match self {
+            CpuStorage::F32(_) => DType::F32,
+            CpuStorage::F16(_) => DType::F16,
+            CpuStorage::BF16(_) => DType::BF16,
+        }
+    }
+
+    /// A buffer of `len` copies of `value`, rounded to `dtype`.
+    pub(crate) fn filled(dtype: DType, len: usize, value: f32) -> Self {
+        match dtype {
+            DType::F32 => CpuStorage::F32(vec![value; len]),
+            DType::F16 => CpuStorage::F16(vec![f16::from_f32(value); len]),
+            DType::BF16 => CpuStorage::BF16(vec![bf16::from_f32(value); len]),
+        }
+    }
+
+    pub(crate) fn get_f32(&self, i: usize) -> f32 {
+        match self {
+            CpuStorage::F32(v) => v[i],
+            CpuStorage::F16(v) => v[i].to_f32(),
+            CpuStorage::BF16(v) => v[i].to_f32(),
+        }
+    }
+}
+
+/// Typed access to a [`CpuStorage`] for generic kernels.
+pub(crate) trait CpuElement: Element {
+    fn slice(s: &CpuStorage) -> Option<&[Self]>;
+    fn slice_mut(s: &mut CpuStorage) -> Option<&mut [Self]>;
+    fn wrap(v: Vec<Self>) -> CpuStorage;
+}
+
+macro_rules! cpu_element {
+    ($t:ty, $variant:ident) => {
+        impl CpuElement for $t {
+            fn slice(s: &CpuStorage) -> Option<&[Self]> {
+                match s {
+                    CpuStorage::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn slice_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
+                match s {
+                    CpuStorage::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn wrap(v: Vec<Self>) -> CpuStorage {
+                CpuStorage::$variant(v)
+            }
+        }
+    };
+}
+cpu_element!(f32, F32);
+cpu_element!(f16, F16);
+cpu_element!(bf16, BF16);
+
+/// The buffer behind a tensor.
+#[derive(Debug)]
+pub(crate) enum Storage {
+    Cpu(CpuStorage),
+}
+
+/// A strided view of a shared buffer. Cloning is cheap (the buffer is reference counted).
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    storage: Arc<Storage>,
+    dtype: DType,
+    device: Device,
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    offset: usize,
+}
+
+/// Row-major strides of `shape`.
+pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1];
+    }
+    strides
+}
+
+fn checked_numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
+impl Tensor {
+    /// A contiguous (row-major) tensor that owns `data`.
+    ///
+    /// ```
+    /// use flashattn::Tensor;
+    /// let t = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+    /// assert_eq!(t.shape(), &[2, 3]);
+    /// assert_eq!(t.transpose(0, 1)?.to_vec::<f32>()?, vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+    /// # Ok::<(), flashattn::Error>(())
+    /// ```
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize]) -> Result<Self> {
+        let strides = contiguous_strides(shape);
+        Self::from_vec_strided(data, shape, &strides, 0)
+    }
+
+    /// A tensor over `data` with explicit strides (in elements) and offset. Every element the view
+    /// can reach must lie inside `data`.
+    pub fn from_vec_strided<T: Element>(
+        data: Vec<T>,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> Result<Self> {
+        let storage = to_cpu_storage(data);
+        Self::from_cpu_storage(storage, shape, strides, offset, "data")
+    }
+
+    pub(crate) fn from_cpu_storage(
+        storage: CpuStorage,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+        arg: &'static str,
+    ) -> Result<Self> {
+        if strides.len() != shape.len() {
+            return Err(Error::arg(
+                "strides",
+                format!("{} strides (one per dimension)", shape.len()),
+                strides.len(),
+            ));
+        }
+        let numel = checked_numel(shape).ok_or_else(|| {
+            Error::arg(
+                "shape",
+                "a shape whose element count fits in usize",
+                format!("{shape:?}"),
+            )
+        })?;
+        if numel > 0 {
+            let last = shape.iter().zip(strides).try_fold(offset, |acc, (&d, &s)| {
+                (d - 1).checked_mul(s).and_then(|x| x.checked_add(acc))
+            });
+            match last {
+                Some(last) if last < storage.len() => {}
+                _ => {
+                    return Err(Error::arg(
+                        arg,
+                        format!(
+                            "a buffer holding shape {shape:?} with strides {strides:?} and offset {offset}"
+                        ),
+                        format!("{} elements", storage.len()),
+                    ));
+                }
+            }
+        }
+        Ok(Tensor {
+            dtype: storage.dtype(),
+            storage: Arc::new(Storage::Cpu(storage)),
+            device: Device::Cpu,
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            offset,
+        })
+    }
+
+    /// A contiguous tensor of `shape` with every element `value` (rounded to `dtype`).
+    pub fn full(shape: &[usize], dtype: DType, value: f32) -> Result<Self> {
+        let numel = checked_numel(shape).ok_or_else(|| {
+            Error::arg(
+                "shape",
+                "a shape whose element count fits in usize",
+                format!("{shape:?}"),
+            )
+        })?;
+        let storage = CpuStorage::filled(dtype, numel, value);
+        Self::from_cpu_storage(storage, shape, &contiguous_strides(shape), 0, "shape")
+    }
+
+    /// The size of each dimension.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The stride of each dimension, in elements.
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+
+    /// The element offset of the view's first element in its buffer.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Where the data lives.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// True when the view is row-major with no gaps.
+    pub fn is_contiguous(&self) -> bool {
+        self.numel() == 0
+            || self
+                .shape
+                .iter()
+                .zip(&self.strides)
+                .zip(contiguous_strides(&self.shape))
+                .all(|((&d, &s), c)| d == 1 || s == c)
+    }
+
+    /// The same data with dimensions `a` and `b` swapped (no copy).
+    pub fn transpose(&self, a: usize, b: usize) -> Result<Self> {
+        let rank = self.rank();
+        for (name, d) in [("dim a", a), ("dim b", b)] {
+            if d >= rank {
+                return Err(Error::arg(
+                    if name == "dim a" { "a" } else { "b" },
+                    format!("a dimension index below the rank {rank}"),
+                    d,
+                ));
+            }
+        }
+        let mut t = self.clone();
+        t.shape.swap(a, b);
+        t.strides.swap(a, b);
+        Ok(t)
+    }
+
+    /// The whole host buffer behind the view (index it with `offset` and `strides`).
+    pub(crate) fn cpu_storage(&self) -> Option<&CpuStorage> {
+        match &*self.storage {
+            Storage::Cpu(s) => Some(s),
+        }
+    }
+
+    /// The host buffer of a tensor whose buffer is not shared with any other tensor.
+    pub(crate) fn cpu_storage_mut(&mut self) -> Option<&mut CpuStorage> {
+        match Arc::get_mut(&mut self.storage)? {
+            Storage::Cpu(s) => Some(s),
+        }
+    }
+
+    /// The whole host buffer as `T`, when the tensor is on the host and of that type.
+    pub(crate) fn cpu_slice<T: CpuElement>(&self) -> Option<&[T]> {
+        self.cpu_storage().and_then(T::slice)
+    }
+
+    /// Buffer indices of every element, in row-major order of the shape.
+    fn indices(&self) -> impl Iterator<Item = usize> + '_ {
+        let numel = self.numel();
+        let rank = self.rank();
+        let mut idx = vec![0usize; rank];
+        (0..numel).map(move |n| {
+            let at = self.offset
+                + idx
+                    .iter()
+                    .zip(&self.strides)
+                    .map(|(i, s)| i * s)
+                    .sum::<usize>();
+            if n + 1 < numel {
+                for d in (0..rank).rev() {
+                    idx[d] += 1;
+                    if idx[d] < self.shape[d] {
+                        break;
+                    }
+                    idx[d] = 0;
+                }
+            }
+            at
+        })
+    }
+
+    fn host(&self, what: &'static str) -> Result<&CpuStorage> {
+        self.cpu_storage().ok_or_else(|| Error::DeviceMismatch {
+            arg: what,
+            expected: "cpu (download it first)".into(),
+            got: self.device.to_string(),
+        })
+    }
+
+    /// The elements in row-major order of the shape, as `T` (which must be the tensor's dtype).
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        let host = self.host("self")?;
+        if T::DTYPE != self.dtype {
+            return Err(Error::DType {
+                arg: "T",
+                expected: self.dtype.to_string(),
+                got: T::DTYPE,
+            });
+        }
+        Ok(self
+            .indices()
+            .map(|i| T::from_f32(host.get_f32(i)))
+            .collect())
+    }
+
+    /// The elements in row-major order of the shape, widened to f32.
+    pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
+        let host = self.host("self")?;
+        Ok(self.indices().map(|i| host.get_f32(i)).collect())
+    }
+
+    /// The elements in row-major order of the shape, widened to f64.
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        Ok(self.to_f32_vec()?.into_iter().map(f64::from).collect())
+    }
+
+    /// A contiguous copy converted to `dtype` (rounding to nearest).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Self> {
+        let data = self.to_f32_vec()?;
+        let storage = match dtype {
+            DType::F32 => CpuStorage::F32(data),
+            DType::F16 => CpuStorage::F16(data.into_iter().map(f16::from_f32).collect()),
+            DType::BF16 => CpuStorage::BF16(data.into_iter().map(bf16::from_f32).collect()),
+        };
+        Self::from_cpu_storage(
+            storage,
+            &self.shape,
+            &contiguous_strides(&self.shape),
+            0,
+            "self",
+        )
+    }
+
+    /// A contiguous copy (or this tensor, when it already is contiguous).
+    pub fn contiguous(&self) -> Result<Self> {
+        if self.is_contiguous() && self.offset == 0 {
+            return Ok(self.clone());
+        }
+        self.to_dtype(self.dtype)
+    }
+}
+
+fn to_cpu_storage<T: Element>(data: Vec<T>) -> CpuStorage {
+    // Element is implemented for exactly f32, f16 and bf16; each arm moves the vector without a copy.
+    let any: Box<dyn std::any::Any> = Box::new(data);
+    match T::DTYPE {
+        DType::F32 => CpuStorage::F32(*any.downcast::<Vec<f32>>().expect("DTYPE F32 is f32")),
+        DType::F16 => CpuStorage::F16(*any.downcast::<Vec<f16>>().expect("DTYPE F16 is f16")),
+        DType::BF16 => CpuStorage::BF16(*any.downcast::<Vec<bf16>>().expect("DTYPE BF16 is bf16")),
+    }
+}
