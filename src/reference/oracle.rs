@@ -102,9 +102,13 @@ impl Inputs {
         (s, dcap)
     }
 
-    /// Softmax of each row in place; returns the log-sum-exp per row.
-    fn softmax(s: &mut [f64], nk: usize) -> Vec<f64> {
-        s.chunks_mut(nk.max(1))
+    /// Softmax of each row in place; returns the log-sum-exp per row (−∞ for a row that sees no
+    /// key, including every row when there are no keys at all).
+    fn softmax(s: &mut [f64], nq: usize, nk: usize) -> Vec<f64> {
+        if nk == 0 {
+            return vec![f64::NEG_INFINITY; nq];
+        }
+        s.chunks_mut(nk)
             .map(|row| {
                 let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 if m == f64::NEG_INFINITY {
@@ -136,7 +140,7 @@ pub fn forward(
         for h in 0..p.heads_q {
             let hk = p.kv_head(h);
             let (mut s, _) = x.scores(b, h);
-            let l = Inputs::softmax(&mut s, nk);
+            let l = Inputs::softmax(&mut s, nq, nk);
             for i in 0..nq {
                 lse[p.lse_at(b, h, i)] = l[i];
                 let o = &mut out[(p.q_row(b, i) * p.heads_q + h) * dv..][..dv];
@@ -175,7 +179,7 @@ pub fn backward(
         for h in 0..p.heads_q {
             let hk = p.kv_head(h);
             let (mut s, dcap) = x.scores(b, h);
-            Inputs::softmax(&mut s, nk);
+            Inputs::softmax(&mut s, nq, nk);
             for i in 0..nq {
                 let qrow = (p.q_row(b, i) * p.heads_q + h) * d;
                 let go = &dout[(p.q_row(b, i) * p.heads_q + h) * dv..][..dv];
