@@ -489,10 +489,8 @@ fn bias_layout(t: &Tensor, full: [usize; 4]) -> Result<(Tensor, BiasLayout)> {
     } else {
         t.to_dtype(DType::F32)?
     };
-    let mut strides = [0; 4];
-    for d in 0..4 {
-        strides[d] = if t.shape()[d] == 1 { 0 } else { t.strides()[d] };
-    }
+    let strides: [usize; 4] =
+        std::array::from_fn(|d| if t.shape()[d] == 1 { 0 } else { t.strides()[d] });
     let layout = BiasLayout {
         offset: t.offset(),
         strides,
