@@ -1,7 +1,13 @@
 //! The CPU backend: tiled FlashAttention forward and backward, parallel with rayon.
 
 mod backward;
+// Tile-product and exp2 helpers shared by the forward and backward kernels (until both use
+// every item, some are unused in a given build).
+#[allow(dead_code)]
+mod exp;
 mod forward;
+#[allow(dead_code)]
+mod matmul;
 mod shared_out;
 
 use half::{bf16, f16};
@@ -150,7 +156,7 @@ fn backward_typed<T: CpuElement>(
             dq: fresh_mut::<T>(&mut dq),
             dk: fresh_mut::<T>(&mut dk),
             dv: fresh_mut::<T>(&mut dv),
-            dbias: dbias.as_mut().map(|t| fresh_mut::<f32>(t)),
+            dbias: dbias.as_mut().map(fresh_mut::<f32>),
         },
     );
     Ok(Gradients { dq, dk, dv, dbias })
