@@ -275,31 +275,33 @@ fn scores<T: Element>(
     let diag = nk as i64 - nq as i64;
     for i in 0..nq {
         let row = &mut s[i * nk..(i + 1) * nk];
+        if T::DTYPE != DType::F32 {
+            row.iter_mut().for_each(|x| *x = round::<T>(*x));
+        }
+        if let Some(cap) = p.softcap {
+            for (j, x) in row.iter_mut().enumerate() {
+                let t = (*x / cap).tanh();
+                *x = round::<T>(cap * t);
+                if let Some(dc) = dcap.as_deref_mut() {
+                    dc[i * nk + j] = 1.0 - t * t;
+                }
+            }
+        }
         let bias_row = p
             .bias
             .as_ref()
             .zip(bias)
             .map(|((_, l), data)| (data, p.bias_row_at(l, b, h, i), l.strides[3]));
-        for (j, x) in row.iter_mut().enumerate() {
-            let mut y = round::<T>(*x);
-            if let Some(cap) = p.softcap {
-                let t = (y / cap).tanh();
-                y = round::<T>(cap * t);
-                if let Some(dc) = dcap.as_deref_mut() {
-                    dc[i * nk + j] = 1.0 - t * t;
-                }
-            }
-            if slope != 0.0 || bias_row.is_some() {
+        if slope != 0.0 || bias_row.is_some() {
+            for (j, x) in row.iter_mut().enumerate() {
                 let alibi = slope * (j as i64 - (i as i64 + diag)).abs() as f32;
                 let add = bias_row.map_or(0.0, |(data, r, sj)| data[r + j * sj]);
-                y = round::<T>(y - alibi + add);
+                *x = round::<T>(*x - alibi + add);
             }
-            *x = if mask.visible(i, j) {
-                y
-            } else {
-                f32::NEG_INFINITY
-            };
         }
+        let keys = mask.key_range(i);
+        row[..keys.start].fill(f32::NEG_INFINITY);
+        row[keys.end.max(keys.start)..].fill(f32::NEG_INFINITY);
     }
 }
 
