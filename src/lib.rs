@@ -27,3 +27,8 @@ pub use error::{Error, Result};
 pub use mask::{Mask, Window};
 pub use params::{AttentionParams, VarLen};
 pub use tensor::{Device, Tensor};
+
+/// The README's example, compiled and run by `cargo test` so that it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
