@@ -179,14 +179,12 @@ fn diff(a: &[f64], b: &[f64], denom: f64) -> f64 {
 fn key_summed_scale(x: &common::Inputs) -> f64 {
     let Some(bias) = &x.p.bias else { return 0.0 };
     let s = bias.shape().to_vec();
-    let nk = if x.p.varlen.is_some() {
-        let cu = &x.p.varlen.as_ref().unwrap().cu_seqlens_k;
-        cu.windows(2)
+    let nk = match &x.p.varlen {
+        Some(vl) => (vl.cu_seqlens_k.windows(2))
             .map(|w| (w[1] - w[0]) as usize)
             .max()
-            .unwrap_or(0)
-    } else {
-        x.k.shape()[1]
+            .unwrap_or(0),
+        None => x.k.shape()[1],
     };
     let mut p = x.p.clone();
     if s[3] == 1 && nk > 1 {
