@@ -1,14 +1,16 @@
 //! The CPU backend: tiled FlashAttention forward and backward, parallel with rayon.
 
 mod backward;
-// Tile-product and exp2 helpers shared by the forward and backward kernels (until both use
-// every item, some are unused in a given build).
-#[allow(dead_code)]
 mod exp;
 mod forward;
+// Tile products shared by the forward and backward kernels (until both use every item, some
+// are unused in a given build).
 #[allow(dead_code)]
 mod matmul;
+mod online_softmax;
+mod score_mods;
 mod shared_out;
+mod tile_config;
 
 use half::{bf16, f16};
 
