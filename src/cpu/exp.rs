@@ -62,11 +62,33 @@ pub(crate) fn exp2_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
     sum
 }
 
+/// Lanes of a panel (one per query of a 16-query panel).
+pub(crate) const LANES: usize = 16;
+
+/// For a row-major `rows × 16` panel: `x[r][l] = 2^(x[r][l] − shift[l])`; returns the sum of
+/// each lane (column) of the new values. `shift` must be finite.
+pub(crate) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; LANES] {
+    debug_assert_eq!(x.len() % LANES, 0);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+        return unsafe { avx2::exp2_shifted_panel(x, shift) };
+    }
+    let mut sums = [0f32; LANES];
+    for row in x.chunks_exact_mut(LANES) {
+        for ((v, s), acc) in row.iter_mut().zip(shift).zip(&mut sums) {
+            *v = exp2(*v - s);
+            *acc += *v;
+        }
+    }
+    sums
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{EXP2_MAX, EXP2_MIN, EXP2_POLY, exp2};
+    use super::{EXP2_MAX, EXP2_MIN, EXP2_POLY, LANES, exp2};
 
     /// `2^x` on 8 lanes.
     #[inline]
@@ -87,6 +109,38 @@ mod avx2 {
             _mm256_set1_epi32(127),
         ));
         _mm256_mul_ps(p, _mm256_castsi256_ps(bits))
+    }
+
+    /// See [`super::exp2_shifted_panel`].
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; LANES] {
+        // SAFETY: `shift` holds 16 f32, read as two unaligned 8-lane vectors.
+        let (s0, s1) = unsafe {
+            (
+                _mm256_loadu_ps(shift.as_ptr()),
+                _mm256_loadu_ps(shift.as_ptr().add(8)),
+            )
+        };
+        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for row in x.chunks_exact_mut(LANES) {
+            let ptr = row.as_mut_ptr();
+            // SAFETY: `row` holds exactly 16 f32, read and written as two unaligned vectors.
+            unsafe {
+                let a = exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(ptr), s0));
+                let b = exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(ptr.add(8)), s1));
+                _mm256_storeu_ps(ptr, a);
+                _mm256_storeu_ps(ptr.add(8), b);
+                acc0 = _mm256_add_ps(acc0, a);
+                acc1 = _mm256_add_ps(acc1, b);
+            }
+        }
+        let mut sums = [0f32; LANES];
+        // SAFETY: `sums` holds 16 f32.
+        unsafe {
+            _mm256_storeu_ps(sums.as_mut_ptr(), acc0);
+            _mm256_storeu_ps(sums.as_mut_ptr().add(8), acc1);
+        }
+        sums
     }
 
     /// See [`super::exp2_shifted_sum`].
@@ -134,6 +188,34 @@ mod tests {
         assert!(worst < 3e-7, "worst relative error {worst}");
         assert_eq!(exp2(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp2(-200.0), 0.0);
+    }
+
+    #[test]
+    fn shifted_panel_matches_f64() {
+        let shift: [f32; LANES] = std::array::from_fn(|l| l as f32 - 3.0);
+        for rows in [0, 1, 5, 40] {
+            let orig: Vec<f32> = (0..rows * LANES)
+                .map(|i| {
+                    if i % 7 == 2 {
+                        f32::NEG_INFINITY
+                    } else {
+                        (i as f32 * 0.41).cos() * 20.0
+                    }
+                })
+                .collect();
+            let mut x = orig.clone();
+            let sums = exp2_shifted_panel(&mut x, &shift);
+            for l in 0..LANES {
+                let mut want_sum = 0f64;
+                for r in 0..rows {
+                    let want = ((orig[r * LANES + l] - shift[l]) as f64).exp2();
+                    want_sum += want;
+                    let got = x[r * LANES + l] as f64;
+                    assert!((got - want).abs() <= 3e-7 * want, "{got} vs {want}");
+                }
+                assert!((sums[l] as f64 - want_sum).abs() <= 1e-6 * want_sum.max(1e-30));
+            }
+        }
     }
 
     #[test]

@@ -1,13 +1,22 @@
-//! CPU forward: FlashAttention over Br×Bc tiles.
+//! CPU forward: FlashAttention over Br×Bc tiles, kept transposed in panels of 16 queries.
 //!
-//! One rayon task per (sequence, query head, block of `block_q` queries) owns its rows of the
-//! output. It packs its Q tile once (as f32, times `scale · log2(e)` so the softmax runs in base
-//! 2), then walks only the key blocks its rows can see (`Mask::key_range_for_rows`): per block,
-//! `S = Q·Kᵀ` and `O += P·V` are `gemm` tile products and the online softmax sits between them.
-//! Blocks inside the mask (the main loop) are never masked; blocks that cross its boundary are
-//! cut into strips of rows, each multiplying only the keys it can see and masking per element.
+//! One rayon task per (sequence, query head, block of `block_q` queries) owns those rows of the
+//! output. It packs its queries once as `Qᵀ` panels (`d × 16`, f32, times `scale · log2(e)` so
+//! the softmax runs in base 2), then walks only the key blocks its rows can see
+//! (`Mask::key_range_for_rows`). Per key block and panel:
 //!
-//! Extra memory: one scratch of tiles per worker thread (Q, Kᵀ, V, S, O), independent of N.
+//! ```text
+//! Sᵀ  = K · Qᵀ            keys × 16       microkernel, K rows read in place
+//!       (softcap, ALiBi, bias; mask)      only where needed
+//! Pᵀ  = online softmax     per lane        rescales Oᵀ when a maximum moves
+//! Oᵀ += Vᵀ · Pᵀ            dv × 16         microkernel, V rows read in place
+//! ```
+//!
+//! A panel multiplies only the keys of the block it can see, so a causal diagonal block costs
+//! about 8 wasted keys per row, and only panels crossing the mask boundary mask per element.
+//! f16/bf16 key blocks are converted to f32 once per block; f32 inputs are never copied.
+//!
+//! Extra memory: one scratch per worker thread (Qᵀ, Oᵀ, Sᵀ panel, converted K/V block), O(tile).
 
 use std::any::TypeId;
 use std::ops::Range;
@@ -15,8 +24,10 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::SharedOut;
-use super::matmul::{MatMut, MatRef, Write, matmul};
-use super::online_softmax::{OnlineSoftmax, Rows};
+use super::exp::LANES;
+use super::matmul::Write;
+use super::microkernel::{PanelStrides, panel_product};
+use super::online_softmax::PanelSoftmax;
 use super::score_mods::{ScoreMods, apply_mask};
 use super::tile_config::{ForwardTiles, forward_tiles};
 use crate::mask::Mask;
@@ -41,17 +52,36 @@ fn as_f32<T: CpuElement>(x: &[T]) -> Option<&[f32]> {
 /// Per-thread tile buffers, reused across tasks.
 #[derive(Default)]
 struct Scratch {
-    /// Q tile, `block_q × d`, pre-scaled.
-    q: Vec<f32>,
-    /// Kᵀ tile, `d × block_k`.
-    kt: Vec<f32>,
-    /// V tile, `block_k × dv` (only for f16/bf16; f32 V is read in place).
+    /// `Qᵀ` panels, `panels × d × 16`, pre-scaled, zero past the last query.
+    qt: Vec<f32>,
+    /// `Oᵀ` accumulator panels, `panels × dv × 16`.
+    ot: Vec<f32>,
+    /// Scores, then probabilities, of one panel: `block_k × 16`.
+    st: Vec<f32>,
+    softmax: Vec<PanelSoftmax>,
+    kv: KeyBlock,
+}
+
+/// K and V of the current key block as f32 (f16/bf16 only): `block_k × d`, `block_k × dv`.
+#[derive(Default)]
+struct KeyBlock {
+    k: Vec<f32>,
     v: Vec<f32>,
-    /// Scores, then probabilities: up to `block_q × block_k`.
-    s: Vec<f32>,
-    /// Output accumulator, `block_q × dv`.
-    o: Vec<f32>,
-    softmax: OnlineSoftmax,
+}
+
+/// Rows `j0..` of K or V as f32: row `j0 + r` at `data[at + r·stride..]`.
+#[derive(Clone, Copy)]
+struct KeyRows<'a> {
+    data: &'a [f32],
+    at: usize,
+    stride: usize,
+}
+
+impl<'a> KeyRows<'a> {
+    /// The rows from `r` on.
+    fn skip(self, r: usize) -> &'a [f32] {
+        &self.data[self.at + r * self.stride..]
+    }
 }
 
 /// What one task works on: a block of queries of one (sequence, query head).
@@ -61,18 +91,6 @@ struct Task {
     h: usize,
     /// First query row (within the sequence).
     q0: usize,
-}
-
-/// The fixed context of one task, shared by its key blocks.
-struct TaskCtx<'a, T> {
-    p: &'a Problem,
-    x: &'a Inputs<'a, T>,
-    tiles: ForwardTiles,
-    b: usize,
-    hk: usize,
-    rows: Range<usize>,
-    mask: Mask,
-    mods: ScoreMods<'a>,
 }
 
 pub(crate) fn run<T: CpuElement>(
@@ -98,40 +116,46 @@ pub(crate) fn run<T: CpuElement>(
     tasks
         .par_iter()
         .for_each_init(Scratch::default, |scratch, task| {
-            let rows = task.q0..(task.q0 + tiles.block_q).min(p.seqs[task.b].nq);
             let ctx = TaskCtx {
                 p,
                 x: &x,
                 tiles,
                 b: task.b,
+                h: task.h,
                 hk: p.kv_head(task.h),
-                rows,
+                rows: task.q0..(task.q0 + tiles.block_q).min(p.seqs[task.b].nq),
                 mask: p.mask(task.b),
                 mods: ScoreMods::new(p, x.bias, task.b, task.h),
             };
-            ctx.run(scratch, task.h, &out, &lse_out);
+            ctx.run(scratch, &out, &lse_out);
         });
 }
 
+/// The fixed context of one task.
+struct TaskCtx<'a, T> {
+    p: &'a Problem,
+    x: &'a Inputs<'a, T>,
+    tiles: ForwardTiles,
+    b: usize,
+    h: usize,
+    hk: usize,
+    /// The task's queries (sequence positions).
+    rows: Range<usize>,
+    mask: Mask,
+    mods: ScoreMods<'a>,
+}
+
 impl<T: CpuElement> TaskCtx<'_, T> {
-    fn run(&self, sc: &mut Scratch, h: usize, out: &SharedOut<'_, T>, lse: &SharedOut<'_, f32>) {
-        let (p, b) = (self.p, self.b);
-        let (d, dv, nr) = (p.head_dim, p.head_dim_v, self.rows.len());
-        // Without per-element options, log2(e) rides on the Q tile; otherwise it is applied
-        // after softcap/ALiBi/bias (see `ScoreMods::apply`).
-        let q_scale = if self.mods.any() {
-            p.scale
-        } else {
-            p.scale * std::f32::consts::LOG2_E
-        };
-        sc.q.clear();
-        for i in self.rows.clone() {
-            let at = p.q_at(b, i, h);
-            sc.q.extend(self.x.q[at..at + d].iter().map(|v| v.to_f32() * q_scale));
-        }
-        sc.o.clear();
-        sc.o.resize(nr * dv, 0.0);
-        sc.softmax.reset(nr);
+    fn run(&self, sc: &mut Scratch, out: &SharedOut<'_, T>, lse: &SharedOut<'_, f32>) {
+        let (p, b, h) = (self.p, self.b, self.h);
+        let (d, dv) = (p.head_dim, p.head_dim_v);
+        let panels = self.rows.len().div_ceil(LANES);
+        self.pack_queries(sc, panels);
+        sc.ot.clear();
+        sc.ot.resize(panels * dv * LANES, 0.0);
+        sc.softmax.clear();
+        sc.softmax.resize(panels, PanelSoftmax::default());
+        sc.st.resize(self.tiles.block_k * LANES, 0.0);
 
         let keys = self.mask.key_range_for_rows(self.rows.clone());
         let mut k0 = keys.start;
@@ -141,110 +165,142 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             if self.mask.tile_is_empty(self.rows.clone(), block.clone()) {
                 continue;
             }
-            self.pack_keys(sc, block.clone());
-            if self.mask.tile_is_full(self.rows.clone(), block.clone()) {
-                self.tile(sc, 0..nr, block.clone(), block.start, false);
-                continue;
-            }
-            // Crossing the mask boundary: strips of rows, each over the keys it can see.
-            for s0 in (0..nr).step_by(self.tiles.strip) {
-                let strip = s0..(s0 + self.tiles.strip).min(nr);
-                let seq_rows = self.rows.start + strip.start..self.rows.start + strip.end;
-                let seen = self.mask.key_range_for_rows(seq_rows.clone());
+            let (k_rows, v_rows) = self.key_block(&mut sc.kv, block.clone());
+            for panel in 0..panels {
+                let queries = self.panel_queries(panel);
+                let seen = self.mask.key_range_for_rows(queries.clone());
                 let sub = seen.start.max(block.start)..seen.end.min(block.end);
                 if sub.is_empty() {
                     continue;
                 }
-                let needs_mask = !self.mask.tile_is_full(seq_rows, sub.clone());
-                self.tile(sc, strip, sub, block.start, needs_mask);
+                let (r0, n) = (sub.start - block.start, sub.len());
+                let st = &mut sc.st[..n * LANES];
+                panel_product(
+                    st,
+                    k_rows.skip(r0),
+                    &sc.qt[panel * d * LANES..(panel + 1) * d * LANES],
+                    n,
+                    d,
+                    PanelStrides {
+                        a_rs: k_rows.stride,
+                        a_cs: 1,
+                        b_rs: LANES,
+                        c_rs: LANES,
+                    },
+                    Write::Overwrite,
+                );
+                if self.mods.any() {
+                    self.mods
+                        .apply(st, queries.start, queries.len(), sub.clone());
+                }
+                if !self.mask.tile_is_full(queries.clone(), sub.clone()) {
+                    apply_mask(&self.mask, st, queries.start, queries.len(), sub);
+                }
+                let ot = &mut sc.ot[panel * dv * LANES..(panel + 1) * dv * LANES];
+                sc.softmax[panel].update(st, ot);
+                panel_product(
+                    ot,
+                    v_rows.skip(r0),
+                    st,
+                    dv,
+                    n,
+                    PanelStrides {
+                        a_rs: 1,
+                        a_cs: v_rows.stride,
+                        b_rs: LANES,
+                        c_rs: LANES,
+                    },
+                    Write::Accumulate,
+                );
             }
         }
 
-        let o_rows = Rows::dense(&mut sc.o, dv);
-        let row0 = self.rows.start;
-        sc.softmax.finish(o_rows, |r, value| {
-            // SAFETY: lse[b, h, row0 + r] belongs to this task alone.
-            unsafe { lse.write_row(p.lse_at(b, h, row0 + r), std::iter::once(value)) };
-        });
-        for (r, i) in self.rows.clone().enumerate() {
-            let row = &sc.o[r * dv..(r + 1) * dv];
-            // SAFETY: out[b, i, h, ..] belongs to this task alone.
-            unsafe {
-                out.write_row(
-                    p.query_at(&out.layout, b, i, h),
-                    row.iter().map(|&o| T::from_f32(o)),
-                )
-            };
+        for panel in 0..panels {
+            let ot = &mut sc.ot[panel * dv * LANES..(panel + 1) * dv * LANES];
+            let lse_panel = sc.softmax[panel].finish(ot);
+            for (l, i) in self.panel_queries(panel).enumerate() {
+                // SAFETY: out[b, i, h, ..] and lse[b, h, i] belong to this task alone.
+                unsafe {
+                    out.write_row(
+                        p.query_at(&out.layout, b, i, h),
+                        (0..dv).map(|c| T::from_f32(ot[c * LANES + l])),
+                    );
+                    lse.write_row(p.lse_at(b, h, i), std::iter::once(lse_panel[l]));
+                }
+            }
         }
     }
 
-    /// Packs Kᵀ (`d × n`) and, for f16/bf16, V (`n × dv`) of the key block `keys` as f32.
-    fn pack_keys(&self, sc: &mut Scratch, keys: Range<usize>) {
-        let (p, b, hk) = (self.p, self.b, self.hk);
-        let (d, dv, n) = (p.head_dim, p.head_dim_v, keys.len());
-        sc.kt.resize(d * n, 0.0);
-        for (c, j) in keys.clone().enumerate() {
-            let at = p.k_at(b, j, hk);
-            for (dd, k) in self.x.k[at..at + d].iter().enumerate() {
-                sc.kt[dd * n + c] = k.to_f32();
-            }
-        }
-        if as_f32(self.x.v).is_none() {
-            sc.v.clear();
-            for j in keys {
-                let at = p.v_at(b, j, hk);
-                sc.v.extend(self.x.v[at..at + dv].iter().map(|v| v.to_f32()));
-            }
-        }
+    /// Queries (sequence positions) of panel `panel`.
+    fn panel_queries(&self, panel: usize) -> Range<usize> {
+        let q0 = self.rows.start + panel * LANES;
+        q0..(q0 + LANES).min(self.rows.end)
     }
 
-    /// One score tile: queries `strip` (tile rows) × keys `keys` (sequence positions, inside the
-    /// packed block that starts at key `block0`): `S = Q·Kᵀ`, options, mask, online softmax,
-    /// `O += P·V`.
-    fn tile(
-        &self,
-        sc: &mut Scratch,
-        strip: Range<usize>,
-        keys: Range<usize>,
-        block0: usize,
-        needs_mask: bool,
-    ) {
+    /// Packs `Qᵀ` panels as f32, scaled, zero-padded past the last query.
+    fn pack_queries(&self, sc: &mut Scratch, panels: usize) {
         let p = self.p;
-        let (d, dv) = (p.head_dim, p.head_dim_v);
-        let (nr, nc) = (strip.len(), keys.len());
-        let c0 = keys.start - block0;
-        let block_n = sc.kt.len() / d;
-        sc.s.resize(nr * nc, 0.0);
-        let s = &mut sc.s[..nr * nc];
-        matmul(
-            MatMut::row_major(s, nr, nc),
-            MatRef::row_major(&sc.q[strip.start * d..strip.end * d], nr, d),
-            MatRef::new(&sc.kt[c0..], d, nc, block_n, 1),
-            Write::Overwrite,
-        );
-        let seq_rows = self.rows.start + strip.start..self.rows.start + strip.end;
-        if self.mods.any() {
-            self.mods
-                .apply(Rows::dense(s, nc), seq_rows.clone(), keys.clone());
-        }
-        if needs_mask {
-            apply_mask(&self.mask, Rows::dense(s, nc), seq_rows, keys.clone());
-        }
-        let o = &mut sc.o[strip.start * dv..strip.end * dv];
-        sc.softmax
-            .update(strip.start, Rows::dense(s, nc), Rows::dense(o, dv));
-        let v = match as_f32(self.x.v) {
-            Some(v) => {
-                let at = p.v_at(self.b, keys.start, self.hk);
-                MatRef::new(&v[at..], nc, dv, p.v.row, 1)
-            }
-            None => MatRef::row_major(&sc.v[c0 * dv..(c0 + nc) * dv], nc, dv),
+        let d = p.head_dim;
+        // Without per-element options, log2(e) rides on Q; otherwise `ScoreMods::apply` adds it
+        // after softcap, ALiBi and bias.
+        let scale = if self.mods.any() {
+            p.scale
+        } else {
+            p.scale * std::f32::consts::LOG2_E
         };
-        matmul(
-            MatMut::row_major(o, nr, dv),
-            MatRef::row_major(s, nr, nc),
-            v,
-            Write::Accumulate,
-        );
+        sc.qt.clear();
+        sc.qt.resize(panels * d * LANES, 0.0);
+        for (r, i) in self.rows.clone().enumerate() {
+            let (panel, l) = (r / LANES, r % LANES);
+            let at = p.q_at(self.b, i, self.h);
+            let dst = &mut sc.qt[panel * d * LANES..(panel + 1) * d * LANES];
+            for (dd, q) in self.x.q[at..at + d].iter().enumerate() {
+                dst[dd * LANES + l] = q.to_f32() * scale;
+            }
+        }
+    }
+
+    /// K and V rows of the key block `keys` as f32: in place for f32, converted otherwise.
+    fn key_block<'s>(
+        &'s self,
+        kv: &'s mut KeyBlock,
+        keys: Range<usize>,
+    ) -> (KeyRows<'s>, KeyRows<'s>) {
+        let (p, b, hk) = (self.p, self.b, self.hk);
+        let (d, dv) = (p.head_dim, p.head_dim_v);
+        if let (Some(k), Some(v)) = (as_f32(self.x.k), as_f32(self.x.v)) {
+            return (
+                KeyRows {
+                    data: k,
+                    at: p.k_at(b, keys.start, hk),
+                    stride: p.k.row,
+                },
+                KeyRows {
+                    data: v,
+                    at: p.v_at(b, keys.start, hk),
+                    stride: p.v.row,
+                },
+            );
+        }
+        kv.k.clear();
+        kv.v.clear();
+        for j in keys {
+            let at = p.k_at(b, j, hk);
+            kv.k.extend(self.x.k[at..at + d].iter().map(|x| x.to_f32()));
+            let at = p.v_at(b, j, hk);
+            kv.v.extend(self.x.v[at..at + dv].iter().map(|x| x.to_f32()));
+        }
+        (
+            KeyRows {
+                data: &kv.k,
+                at: 0,
+                stride: d,
+            },
+            KeyRows {
+                data: &kv.v,
+                at: 0,
+                stride: dv,
+            },
+        )
     }
 }

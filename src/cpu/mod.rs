@@ -1,12 +1,14 @@
 //! The CPU backend: tiled FlashAttention forward and backward, parallel with rayon.
 
 mod backward;
+// Tile products and exp2 kernels shared by the forward and backward (until both use every
+// item, some are unused in a given build).
+#[allow(dead_code)]
 mod exp;
 mod forward;
-// Tile products shared by the forward and backward kernels (until both use every item, some
-// are unused in a given build).
 #[allow(dead_code)]
 mod matmul;
+mod microkernel;
 mod online_softmax;
 mod score_mods;
 mod shared_out;

@@ -1,4 +1,4 @@
-//! The per-element steps between `q·k·scale` and the softmax, applied to a score tile in place:
+//! The per-element steps between `q·k·scale` and the softmax, applied to a score panel in place:
 //! softcap → ALiBi → bias → (to base 2) → mask, in the documented order.
 //!
 //! Tiles that need none of them (no option, inside the mask) never come here: their scale already
@@ -9,7 +9,7 @@ use std::ops::Range;
 use crate::mask::Mask;
 use crate::problem::{BiasLayout, Problem};
 
-use super::online_softmax::Rows;
+use super::exp::LANES;
 
 /// The score options of one (sequence, query head).
 #[derive(Clone, Copy, Debug)]
@@ -45,43 +45,49 @@ impl<'a> ScoreMods<'a> {
         self.softcap.is_some() || self.slope != 0.0 || self.bias.is_some()
     }
 
-    /// Turns scaled scores `q·k·scale` of queries `rows` × keys `keys` (sequence positions) into
-    /// base-2 logits: softcap, ALiBi and bias, then `· log2(e)`. Only call when [`Self::any`].
-    pub(crate) fn apply(&self, s: Rows<'_>, rows: Range<usize>, keys: Range<usize>) {
+    /// Turns the scaled scores `q·k·scale` of a `keys × 16` panel (`Sᵀ`, lane `l` = query
+    /// `first_query + l`, only the first `queries` lanes used) into base-2 logits: softcap,
+    /// ALiBi and bias, then `· log2(e)`. Only call when [`Self::any`].
+    pub(crate) fn apply(
+        &self,
+        s: &mut [f32],
+        first_query: usize,
+        queries: usize,
+        keys: Range<usize>,
+    ) {
         let log2e = std::f32::consts::LOG2_E;
-        for (r, i) in rows.enumerate() {
-            let row = &mut s.data[r * s.ld..r * s.ld + s.cols];
-            if let Some(cap) = self.softcap {
-                let inv = 1.0 / cap;
-                row.iter_mut().for_each(|x| *x = cap * (*x * inv).tanh());
-            }
-            if self.slope != 0.0 {
-                let center = i as i64 + self.diag;
-                for (x, j) in row.iter_mut().zip(keys.clone()) {
-                    *x -= self.slope * (j as i64 - center).abs() as f32;
+        for (row, j) in s.chunks_exact_mut(LANES).zip(keys) {
+            for (l, x) in row[..queries].iter_mut().enumerate() {
+                let i = first_query + l;
+                let mut v = *x;
+                if let Some(cap) = self.softcap {
+                    v = cap * (v / cap).tanh();
                 }
-            }
-            if let Some((data, row0, layout)) = self.bias {
-                let at = row0 + i * layout.strides[2];
-                let sj = layout.strides[3];
-                for (x, j) in row.iter_mut().zip(keys.clone()) {
-                    *x += data[at + j * sj];
+                v -= self.slope * (j as i64 - (i as i64 + self.diag)).abs() as f32;
+                if let Some((data, row0, layout)) = self.bias {
+                    v += data[row0 + i * layout.strides[2] + j * layout.strides[3]];
                 }
+                *x = v * log2e;
             }
-            row.iter_mut().for_each(|x| *x *= log2e);
         }
     }
 }
 
-/// Sets to −∞ the scores of queries `rows` × keys `keys` that `mask` hides.
-pub(crate) fn apply_mask(mask: &Mask, s: Rows<'_>, rows: Range<usize>, keys: Range<usize>) {
-    for (r, i) in rows.enumerate() {
-        let row = &mut s.data[r * s.ld..r * s.ld + s.cols];
-        let seen = mask.key_range(i);
+/// Sets to −∞ the scores of a `keys × 16` panel (`Sᵀ`, lane `l` = query `first_query + l`, the
+/// first `queries` lanes used) that `mask` hides.
+pub(crate) fn apply_mask(
+    mask: &Mask,
+    s: &mut [f32],
+    first_query: usize,
+    queries: usize,
+    keys: Range<usize>,
+) {
+    for l in 0..queries {
+        let seen = mask.key_range(first_query + l);
         let lo = seen.start.clamp(keys.start, keys.end) - keys.start;
-        let hi = seen.end.clamp(keys.start, keys.end) - keys.start;
-        let hi = hi.max(lo);
-        row[..lo].fill(f32::NEG_INFINITY);
-        row[hi..].fill(f32::NEG_INFINITY);
+        let hi = (seen.end.clamp(keys.start, keys.end) - keys.start).max(lo);
+        for r in (0..lo).chain(hi..keys.len()) {
+            s[r * LANES + l] = f32::NEG_INFINITY;
+        }
     }
 }
