@@ -6,7 +6,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::mask::{Mask, Window};
 use crate::params::AttentionParams;
-use crate::tensor::{Device, Tensor, contiguous_strides};
+use crate::tensor::{Device, MAX_ELEMENTS, Tensor, contiguous_strides};
 
 /// The largest head dimension of Q/K and of V.
 pub const MAX_HEAD_DIM: usize = 512;
@@ -255,6 +255,16 @@ impl Problem {
         let max_nq = seqs.iter().map(|s| s.nq).max().unwrap_or(0);
         let max_nk = seqs.iter().map(|s| s.nk).max().unwrap_or(0);
         let total_q = if varlen { qs[0] } else { batch * max_nq };
+        // Outputs shaped like q with V's head dim (views of q may repeat elements with stride 0,
+        // so this can exceed what any input holds).
+        let out_elements = (q.numel() / head_dim).checked_mul(head_dim_v);
+        if out_elements.is_none_or(|n| n > MAX_ELEMENTS) {
+            return Err(Error::arg(
+                "v",
+                "an output (q's shape with v's head_dim) of at most 2^60 elements",
+                format!("q shape {:?}, v head_dim {head_dim_v}", q.shape()),
+            ));
+        }
 
         let scale = params.scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
         if !scale.is_finite() {

@@ -128,8 +128,16 @@ pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     strides
 }
 
+/// The most elements a tensor may have: any copy of it (8 bytes an element at most, f64 in the
+/// oracle) must fit in an allocation, which is limited to `isize::MAX` bytes.
+pub(crate) const MAX_ELEMENTS: usize = isize::MAX as usize / 8;
+
+/// The element count of `shape`, if it is at most [`MAX_ELEMENTS`].
 fn checked_numel(shape: &[usize]) -> Option<usize> {
-    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .filter(|&n| n <= MAX_ELEMENTS)
 }
 
 impl Tensor {
@@ -176,7 +184,7 @@ impl Tensor {
         let numel = checked_numel(shape).ok_or_else(|| {
             Error::arg(
                 "shape",
-                "a shape whose element count fits in usize",
+                "a shape of at most 2^60 elements",
                 format!("{shape:?}"),
             )
         })?;
@@ -212,7 +220,7 @@ impl Tensor {
         let numel = checked_numel(shape).ok_or_else(|| {
             Error::arg(
                 "shape",
-                "a shape whose element count fits in usize",
+                "a shape of at most 2^60 elements",
                 format!("{shape:?}"),
             )
         })?;
