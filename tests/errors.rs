@@ -442,6 +442,32 @@ fn bad_tensor_construction() {
     assert_eq!(r.unwrap_err().argument(), Some("T"));
 }
 
+#[test]
+fn huge_shapes_are_errors() {
+    let err = Tensor::full(&[1 << 62], DType::F32, 0.0).unwrap_err();
+    assert_eq!(err.argument(), Some("shape"), "{err}");
+    let err = Tensor::from_vec_strided(vec![1.0f32], &[1 << 61], &[0], 0).unwrap_err();
+    assert_eq!(err.argument(), Some("shape"), "{err}");
+    // q as a stride-0 view of 2^52 rows, v with head_dim 512: the output would hold 2^61 elements.
+    let q = Tensor::from_vec_strided(vec![0.5f32], &[1, 1 << 52, 1, 1], &[0; 4], 0).unwrap();
+    let p = AttentionParams::default();
+    forward_err(
+        &q,
+        &t(&[1, 1, 1, 1]),
+        &t(&[1, 1, 1, 512]),
+        &p,
+        "v",
+        &["2^60", "512"],
+    );
+    // 2^31 queries and keys (stride-0 views): the standard attention's 2^62-element score
+    // matrix cannot be allocated, which is an error, not an abort.
+    let q = Tensor::from_vec_strided(vec![0.5f32], &[1, 1 << 31, 1, 1], &[0; 4], 0).unwrap();
+    match standard::forward(&q, &q, &q, &p) {
+        Err(Error::Unsupported { what, .. }) => assert!(what.contains("score matrix"), "{what}"),
+        other => panic!("expected an error, got {:?}", other.map(|_| ())),
+    }
+}
+
 /// Random ranks 2 to 5 with sizes 0 to 5, the last (head) dimension sometimes 512 or 513.
 fn arb_shape() -> impl Strategy<Value = Vec<usize>> {
     (

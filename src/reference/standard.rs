@@ -24,26 +24,51 @@ use crate::problem::{Problem, RowLayout, expect_like, strides_like};
 use crate::tensor::{Tensor, contiguous_strides};
 
 /// Bytes of the matrices [`forward`] materializes for problem `p`: the scores of every
-/// (sequence, head) in f32, plus f32 working copies of q, k, v and the output.
+/// (sequence, head) in f32, plus f32 working copies of q, k, v and the output. Saturates at
+/// `usize::MAX`.
 pub fn forward_extra_memory_bytes(p: &Problem) -> usize {
-    (score_elements(p) + operand_elements(p)) * 4
+    score_elements(p)
+        .saturating_add(operand_elements(p))
+        .saturating_mul(4)
 }
 
 /// Bytes of the matrices [`backward`] materializes for problem `p`: `P` and `dS` of every
-/// (sequence, head) in f32, plus f32 working copies of the inputs and gradients.
+/// (sequence, head) in f32, plus f32 working copies of the inputs and gradients. Saturates at
+/// `usize::MAX`.
 pub fn backward_extra_memory_bytes(p: &Problem) -> usize {
-    (2 * score_elements(p) + 2 * operand_elements(p)) * 4
+    score_elements(p)
+        .saturating_add(operand_elements(p))
+        .saturating_mul(8)
 }
 
-/// Elements of one `[batch, heads, seqlen_q, seqlen_k]` matrix (per-sequence lengths with varlen).
+/// Elements of one `[batch, heads, nq, nk]` matrix (per-sequence lengths with varlen), saturating.
 fn score_elements(p: &Problem) -> usize {
-    p.seqs.iter().map(|s| s.nq * s.nk).sum::<usize>() * p.heads_q
+    p.seqs
+        .iter()
+        .fold(0usize, |n, s| n.saturating_add(s.nq.saturating_mul(s.nk)))
+        .saturating_mul(p.heads_q)
 }
 
 fn operand_elements(p: &Problem) -> usize {
     let rows_q: usize = p.seqs.iter().map(|s| s.nq).sum();
     let rows_k: usize = p.seqs.iter().map(|s| s.nk).sum();
-    p.heads_q * (rows_q + rows_k) * (p.head_dim + p.head_dim_v)
+    p.heads_q
+        .saturating_mul(rows_q + rows_k)
+        .saturating_mul(p.head_dim + p.head_dim_v)
+}
+
+/// A zeroed `[batch, heads, nq, nk]` f32 matrix, or an error when it cannot be allocated.
+fn score_matrix(p: &Problem) -> Result<Vec<f32>> {
+    let n = score_elements(p);
+    let mut m = Vec::new();
+    m.try_reserve_exact(n).map_err(|_| Error::Unsupported {
+        device: "cpu",
+        what: format!(
+            "the standard attention's score matrix of {n} f32 elements does not fit in memory"
+        ),
+    })?;
+    m.resize(n, 0.0);
+    Ok(m)
 }
 
 /// Standard attention forward: same arguments, validation and outputs (`out` in `q`'s dtype and
@@ -372,7 +397,7 @@ fn forward_typed<T: Element>(
 ) -> Result<ForwardOutput> {
     let (qd, kd, vd) = (widen(q)?, widen(k)?, widen(v)?);
     let bias = bias_data(p)?;
-    let mut scores_buf = vec![0f32; score_elements(p)];
+    let mut scores_buf = score_matrix(p)?;
     let tasks: Vec<(usize, usize, &mut [f32])> = (0..p.batch)
         .flat_map(|b| (0..p.heads_q).map(move |h| (b, h)))
         .zip(split_scores(p, &mut scores_buf, 1))
@@ -443,8 +468,8 @@ fn backward_typed<T: Element>(
     let dout_layout = crate::problem::row_layout(dout);
     let g = p.group();
     let (d, dvd) = (p.head_dim, p.head_dim_v);
-    let mut p_buf = vec![0f32; score_elements(p)];
-    let mut ds_buf = vec![0f32; score_elements(p)];
+    let mut p_buf = score_matrix(p)?;
+    let mut ds_buf = score_matrix(p)?;
     let inputs: Vec<(SeqInputs, Vec<Vec<f32>>)> = (0..p.batch)
         .into_par_iter()
         .map(|b| {
