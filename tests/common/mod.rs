@@ -2,7 +2,10 @@
 //! case description every grid uses, and error measures against the f64 oracle.
 #![allow(dead_code)]
 
-use flashattn::reference::{oracle, standard};
+mod measure;
+
+pub use measure::*;
+
 use flashattn::{AttentionParams, DType, Tensor, Window};
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
@@ -218,7 +221,7 @@ impl Case {
     }
 }
 
-fn out_shape(q: &[usize], dv: usize) -> Vec<usize> {
+pub fn out_shape(q: &[usize], dv: usize) -> Vec<usize> {
     let mut s = q.to_vec();
     *s.last_mut().unwrap() = dv;
     s
@@ -231,165 +234,6 @@ pub struct Inputs {
     pub v: Tensor,
     pub dout: Tensor,
     pub p: AttentionParams,
-}
-
-/// `‖a − b‖ / ‖b‖`; 0 when both are zero, infinite when only `b` is.
-pub fn rel(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len(), "lengths differ");
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| y * y).sum();
-    if num == 0.0 {
-        0.0
-    } else if den == 0.0 {
-        f64::INFINITY
-    } else {
-        (num / den).sqrt()
-    }
-}
-
-/// The largest `|a − b| / max(1, |b|)` over entries where the reference is finite; panics where
-/// one is −∞ and the other is not (rows that see no key must be −∞ exactly) or on NaN.
-pub fn lse_error(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len(), "lse lengths differ");
-    let mut worst = 0f64;
-    for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
-        assert!(!x.is_nan(), "lse[{i}] is NaN");
-        if y == f64::NEG_INFINITY || x == f64::NEG_INFINITY {
-            assert_eq!(x, y, "lse[{i}]: got {x}, oracle {y}");
-        } else {
-            worst = worst.max((x - y).abs() / y.abs().max(1.0));
-        }
-    }
-    worst
-}
-
-/// Errors of one forward run against the oracle.
-#[derive(Clone, Copy, Debug)]
-pub struct ForwardErrors {
-    /// ‖out − oracle‖ / ‖oracle‖ of flashattn.
-    pub out: f64,
-    /// The same measure for the standard attention in the same precision.
-    pub standard: f64,
-    /// Largest |lse − oracle| / max(1, |oracle|) of flashattn.
-    pub lse: f64,
-    /// The same measure for the standard attention.
-    pub standard_lse: f64,
-}
-
-/// Runs flashattn's and the standard attention's forward on `x` and measures both against the
-/// oracle. Checks that the outputs have no NaN.
-pub fn forward_errors(x: &Inputs) -> ForwardErrors {
-    let f = flashattn::forward(&x.q, &x.k, &x.v, &x.p).expect("forward");
-    let s = standard::forward(&x.q, &x.k, &x.v, &x.p).expect("standard forward");
-    let o = oracle::forward(&x.q, &x.k, &x.v, &x.p).expect("oracle forward");
-    assert_eq!(
-        f.out.shape(),
-        out_shape(x.q.shape(), x.v.shape()[x.v.rank() - 1])
-    );
-    assert_eq!(f.out.dtype(), x.q.dtype());
-    let out = f.out.to_f64_vec().unwrap();
-    assert!(out.iter().all(|x| x.is_finite()), "non-finite output");
-    ForwardErrors {
-        out: rel(&out, &o.out),
-        standard: rel(&s.out.to_f64_vec().unwrap(), &o.out),
-        lse: lse_error(&f.lse.to_f64_vec().unwrap(), &o.lse),
-        standard_lse: lse_error(&s.lse.to_f64_vec().unwrap(), &o.lse),
-    }
-}
-
-/// The absolute floor added to "2× the standard attention's error" so that a standard error of
-/// exactly 0 (an output every method gets exactly, e.g. a single visible key) does not demand an
-/// error below 0. It is far below any half-precision rounding error (2⁻¹¹ ≈ 4.9e-4).
-pub const HALF_FLOOR: f64 = 1e-6;
-
-/// f32 tolerance of the relative output error.
-pub const F32_TOL: f64 = 1e-5;
-
-/// The bound flashattn's relative error must meet for `dtype`, given the standard attention's.
-pub fn tolerance(dtype: DType, standard_err: f64) -> f64 {
-    match dtype {
-        DType::F32 => F32_TOL,
-        DType::F16 | DType::BF16 => 2.0 * standard_err + HALF_FLOOR,
-    }
-}
-
-/// Worst errors seen per dtype, for the summary line of a test.
-#[derive(Default)]
-pub struct Worst {
-    entries: Vec<(DType, f64, f64, f64)>,
-}
-
-impl Worst {
-    fn add(&mut self, dtype: DType, out: f64, ratio: f64, lse: f64) {
-        match self.entries.iter_mut().find(|e| e.0 == dtype) {
-            Some(e) => {
-                e.1 = e.1.max(out);
-                e.2 = e.2.max(ratio);
-                e.3 = e.3.max(lse);
-            }
-            None => self.entries.push((dtype, out, ratio, lse)),
-        }
-    }
-
-    /// Prints one line per dtype.
-    pub fn print(&self, test: &str) {
-        for (t, out, ratio, lse) in &self.entries {
-            println!(
-                "{test}: worst {t}: out rel {out:.2e}, out / standard {ratio:.2}, lse {lse:.2e}"
-            );
-        }
-    }
-}
-
-/// Largest acceptable `|lse − oracle| / max(1, |oracle|)`. The log-sum-exp is computed in f32
-/// from the inputs for every dtype, so f32 rounding sets the bound; for f16/bf16 the
-/// same-precision rule (2× the standard attention) is allowed when it is the looser one.
-pub fn lse_tolerance(dtype: DType, standard_lse: f64) -> f64 {
-    match dtype {
-        DType::F32 => F32_TOL,
-        DType::F16 | DType::BF16 => F32_TOL.max(2.0 * standard_lse),
-    }
-}
-
-/// Runs every case's forward against the oracle (seed `seed0 + index`, printed), prints a line
-/// per case and the worst errors per dtype, and fails listing every case out of tolerance.
-pub fn check_forward_cases(test: &str, seed0: u64, cases: &[Case]) {
-    let mut failures = Vec::new();
-    let mut worst = Worst::default();
-    for (n, case) in cases.iter().enumerate() {
-        let seed = seed0 + n as u64;
-        let x = case.inputs(&mut rng(seed));
-        let e = forward_errors(&x);
-        let tol = tolerance(case.dtype, e.standard);
-        let lse_tol = lse_tolerance(case.dtype, e.standard_lse);
-        let ok = e.out <= tol && e.lse <= lse_tol;
-        println!(
-            "[{}] {test} #{n} seed {seed} {}: out rel {:.2e} (standard {:.2e}, bound {:.2e}), lse {:.2e} (bound {:.2e})",
-            if ok { "PASS" } else { "FAIL" },
-            describe(case),
-            e.out,
-            e.standard,
-            tol,
-            e.lse,
-            lse_tol
-        );
-        let ratio = if e.standard > 0.0 {
-            e.out / e.standard
-        } else {
-            0.0
-        };
-        worst.add(case.dtype, e.out, ratio, e.lse);
-        if !ok {
-            failures.push(format!("#{n} seed {seed} {}: {e:?}", describe(case)));
-        }
-    }
-    worst.print(test);
-    assert!(
-        failures.is_empty(),
-        "{test}: {} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
 }
 
 /// A one-line description of a case.
