@@ -22,6 +22,8 @@ use crate::error::{Error, Result};
 use crate::problem::{Problem, row_layout, strides_like};
 use crate::tensor::{CpuElement, CpuStorage, Tensor, contiguous_strides};
 
+/// The vectorized row exp, also used by the standard attention baseline (one exp for both).
+pub(crate) use exp::exp2_shifted_sum;
 pub(crate) use shared_out::SharedOut;
 
 /// The host buffer of `t` as `T` (validated to be on the host with dtype `T`).
