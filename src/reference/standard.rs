@@ -343,11 +343,11 @@ fn softmax<T: Element>(s: &mut [f32], nq: usize, nk: usize) -> Vec<f32> {
                 row.fill(0.0);
                 return f32::NEG_INFINITY;
             }
-            let mut sum = 0.0;
-            for x in row.iter_mut() {
-                *x = (*x - m).exp();
-                sum += *x;
-            }
+            // exp(x − m) = 2^((x − m)·log2 e): subtracting first keeps the argument exact
+            // near the maximum; −∞ (masked) becomes 0.
+            row.iter_mut()
+                .for_each(|x| *x = (*x - m) * std::f32::consts::LOG2_E);
+            let sum = crate::cpu::exp2_shifted_sum(row, 0.0);
             let inv = 1.0 / sum;
             row.iter_mut().for_each(|x| *x = round::<T>(*x * inv));
             m + sum.ln()
