@@ -86,6 +86,23 @@ impl Mask {
         if lo >= hi { 0..0 } else { lo..hi }
     }
 
+    /// The queries that see any key in `keys` (the backward walks only these rows of a key
+    /// block). Query `i` sees key `j` iff `j − diag − right ≤ i ≤ j − diag + left`, and these
+    /// intervals of consecutive keys overlap, so the union is one range.
+    pub fn query_range_for_keys(&self, keys: std::ops::Range<usize>) -> std::ops::Range<usize> {
+        if keys.is_empty() {
+            return 0..0;
+        }
+        let nq = self.nk - self.diag;
+        let lo = (keys.start as i64 - self.diag - self.right).clamp(0, nq);
+        let hi = (keys.end as i64 - self.diag + self.left).clamp(0, nq);
+        if lo >= hi {
+            0..0
+        } else {
+            lo as usize..hi as usize
+        }
+    }
+
     /// True when every query in `rows` sees every key in `keys`: such a tile needs no masking.
     pub fn tile_is_full(&self, rows: std::ops::Range<usize>, keys: std::ops::Range<usize>) -> bool {
         if rows.is_empty() || keys.is_empty() {
@@ -125,6 +142,14 @@ mod tests {
             }
         }
         for bs in [1, 3, 16] {
+            for k0 in (0..nk).step_by(bs) {
+                let keys = k0..(k0 + bs).min(nk);
+                let want: Vec<usize> = (0..nq)
+                    .filter(|&i| keys.clone().any(|j| m.visible(i, j)))
+                    .collect();
+                let got: Vec<usize> = m.query_range_for_keys(keys.clone()).collect();
+                assert_eq!(got, want, "{w:?} nq={nq} nk={nk} keys {keys:?}");
+            }
             for q0 in (0..nq).step_by(bs) {
                 let rows = q0..(q0 + bs).min(nq);
                 for k0 in (0..nk).step_by(bs) {
