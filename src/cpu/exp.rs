@@ -90,7 +90,12 @@ mod avx2 {
 
     use super::{EXP2_MAX, EXP2_MIN, EXP2_POLY, LANES, exp2};
 
-    /// `2^x` on 8 lanes.
+    /// `1.5 · 2^23 + 127`: floats in `[2^23, 2^24)` are integers, so `x + ROUNDER` is
+    /// `round(x) + 127` above `1.5 · 2^23` (for |x| ≤ 127).
+    const ROUNDER: f32 = 12_582_912.0 + 127.0;
+
+    /// `2^x` on 8 lanes. Adding [`ROUNDER`] rounds `x` to an integer `n` and leaves `n + 127`
+    /// in the low mantissa bits, which shifted into the exponent field give `2^n`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     fn exp2_ps(x: __m256) -> __m256 {
@@ -98,17 +103,15 @@ mod avx2 {
             _mm256_max_ps(x, _mm256_set1_ps(EXP2_MIN)),
             _mm256_set1_ps(EXP2_MAX),
         );
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
-        let f = _mm256_sub_ps(x, n);
+        let rounder = _mm256_set1_ps(ROUNDER);
+        let t = _mm256_add_ps(x, rounder);
+        let f = _mm256_sub_ps(x, _mm256_sub_ps(t, rounder));
         let mut p = _mm256_set1_ps(EXP2_POLY[6]);
         for &c in EXP2_POLY[..6].iter().rev() {
             p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
         }
-        let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-            _mm256_cvtps_epi32(n),
-            _mm256_set1_epi32(127),
-        ));
-        _mm256_mul_ps(p, _mm256_castsi256_ps(bits))
+        let two_n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_castps_si256(t)));
+        _mm256_mul_ps(p, two_n)
     }
 
     /// See [`super::exp2_shifted_panel`].

@@ -175,7 +175,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                 }
                 let (r0, n) = (sub.start - block.start, sub.len());
                 let st = &mut sc.st[..n * LANES];
-                panel_product(
+                let raw_max = panel_product(
                     st,
                     k_rows.skip(r0),
                     &sc.qt[panel * d * LANES..(panel + 1) * d * LANES],
@@ -189,15 +189,19 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                     },
                     Write::Overwrite,
                 );
+                // The maximum from the product is exact only when nothing changes the scores.
+                let mut tile_max = Some(raw_max);
                 if self.mods.any() {
                     self.mods
                         .apply(st, queries.start, queries.len(), sub.clone());
+                    tile_max = None;
                 }
                 if !self.mask.tile_is_full(queries.clone(), sub.clone()) {
                     apply_mask(&self.mask, st, queries.start, queries.len(), sub);
+                    tile_max = None;
                 }
                 let ot = &mut sc.ot[panel * dv * LANES..(panel + 1) * dv * LANES];
-                sc.softmax[panel].update(st, ot);
+                sc.softmax[panel].update(st, tile_max, ot);
                 panel_product(
                     ot,
                     v_rows.skip(r0),

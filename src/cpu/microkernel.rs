@@ -27,7 +27,9 @@ pub(crate) struct PanelStrides {
     pub c_rs: usize,
 }
 
-/// `C[rows × 16] (=|+=) A[rows × k] · B[k × 16]` (see the module doc for the layouts).
+/// `C[rows × 16] (=|+=) A[rows × k] · B[k × 16]` (see the module doc for the layouts); returns
+/// the largest new value of each of C's 16 columns (−∞ when `rows` is 0), taken from the
+/// registers on the way out so the softmax need not read C again.
 /// Panics if an operand reaches outside its slice (an internal bug).
 pub(crate) fn panel_product(
     c: &mut [f32],
@@ -37,21 +39,26 @@ pub(crate) fn panel_product(
     k: usize,
     st: PanelStrides,
     write: Write,
-) {
+) -> [f32; PANEL] {
+    let mut col_max = [f32::NEG_INFINITY; PANEL];
     if rows == 0 {
-        return;
+        return col_max;
     }
     assert!(
         (rows - 1) * st.c_rs + PANEL <= c.len(),
         "panel_product: C out of bounds"
     );
     if k == 0 {
-        if write == Write::Overwrite {
-            for r in 0..rows {
-                c[r * st.c_rs..r * st.c_rs + PANEL].fill(0.0);
+        for r in 0..rows {
+            let row = &mut c[r * st.c_rs..r * st.c_rs + PANEL];
+            if write == Write::Overwrite {
+                row.fill(0.0);
+            }
+            for (m, &x) in col_max.iter_mut().zip(row.iter()) {
+                *m = m.max(x);
             }
         }
-        return;
+        return col_max;
     }
     assert!(
         (rows - 1) * st.a_rs + (k - 1) * st.a_cs < a.len(),
@@ -74,19 +81,19 @@ pub(crate) fn panel_product(
             // mutably) does not overlap A or B.
             unsafe {
                 match mr {
-                    6 => avx2::block::<6>(cr, ar, b, k, st, acc),
-                    5 => avx2::block::<5>(cr, ar, b, k, st, acc),
-                    4 => avx2::block::<4>(cr, ar, b, k, st, acc),
-                    3 => avx2::block::<3>(cr, ar, b, k, st, acc),
-                    2 => avx2::block::<2>(cr, ar, b, k, st, acc),
-                    _ => avx2::block::<1>(cr, ar, b, k, st, acc),
+                    6 => avx2::block::<6>(cr, ar, b, k, st, acc, &mut col_max),
+                    5 => avx2::block::<5>(cr, ar, b, k, st, acc, &mut col_max),
+                    4 => avx2::block::<4>(cr, ar, b, k, st, acc, &mut col_max),
+                    3 => avx2::block::<3>(cr, ar, b, k, st, acc, &mut col_max),
+                    2 => avx2::block::<2>(cr, ar, b, k, st, acc, &mut col_max),
+                    _ => avx2::block::<1>(cr, ar, b, k, st, acc, &mut col_max),
                 }
             }
             r0 += mr;
         }
-        return;
+        return col_max;
     }
-    portable(c, a, b, rows, k, st, acc);
+    portable(c, a, b, rows, k, st, acc)
 }
 
 fn portable(
@@ -97,7 +104,8 @@ fn portable(
     k: usize,
     st: PanelStrides,
     acc: bool,
-) {
+) -> [f32; PANEL] {
+    let mut col_max = [f32::NEG_INFINITY; PANEL];
     for r in 0..rows {
         let mut sum = [0f32; PANEL];
         for l in 0..k {
@@ -107,10 +115,12 @@ fn portable(
             }
         }
         let row = &mut c[r * st.c_rs..r * st.c_rs + PANEL];
-        for (o, s) in row.iter_mut().zip(sum) {
+        for ((o, s), m) in row.iter_mut().zip(sum).zip(col_max.iter_mut()) {
             *o = if acc { *o + s } else { s };
+            *m = m.max(*o);
         }
     }
+    col_max
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -133,6 +143,7 @@ mod avx2 {
         k: usize,
         st: PanelStrides,
         accumulate: bool,
+        col_max: &mut [f32; 16],
     ) {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         let mut a_row = [a; R];
@@ -154,6 +165,13 @@ mod avx2 {
                 }
             }
         }
+        // SAFETY: `col_max` holds 16 f32.
+        let (mut max_lo, mut max_hi) = unsafe {
+            (
+                _mm256_loadu_ps(col_max.as_ptr()),
+                _mm256_loadu_ps(col_max.as_ptr().add(8)),
+            )
+        };
         for (r, [lo, hi]) in acc.into_iter().enumerate() {
             // SAFETY: row r < R of C holds 16 writable elements (caller's contract).
             unsafe {
@@ -165,7 +183,14 @@ mod avx2 {
                 }
                 _mm256_storeu_ps(cr, lo);
                 _mm256_storeu_ps(cr.add(8), hi);
+                max_lo = _mm256_max_ps(max_lo, lo);
+                max_hi = _mm256_max_ps(max_hi, hi);
             }
+        }
+        // SAFETY: `col_max` holds 16 f32.
+        unsafe {
+            _mm256_storeu_ps(col_max.as_mut_ptr(), max_lo);
+            _mm256_storeu_ps(col_max.as_mut_ptr().add(8), max_hi);
         }
     }
 }
@@ -199,7 +224,13 @@ mod tests {
                     };
                     rows * c_rs
                 ];
-                panel_product(&mut c, &a, &b, rows, k, st, write);
+                let col_max = panel_product(&mut c, &a, &b, rows, k, st, write);
+                for j in 0..PANEL {
+                    let want = (0..rows)
+                        .map(|r| c[r * c_rs + j])
+                        .fold(f32::NEG_INFINITY, f32::max);
+                    assert_eq!(col_max[j], want);
+                }
                 for r in 0..rows {
                     for j in 0..PANEL {
                         let want: f32 = (0..k)
@@ -211,6 +242,24 @@ mod tests {
                             (got - want).abs() < 1e-4,
                             "rows {rows} k {k} ({r},{j}): {got} vs {want}"
                         );
+                    }
+                }
+                // The portable path (taken on CPUs without AVX2/FMA) gives the same sums.
+                if k > 0 {
+                    let mut c2 = vec![
+                        if write == Write::Overwrite {
+                            f32::NAN
+                        } else {
+                            1.0
+                        };
+                        rows * c_rs
+                    ];
+                    let max2 = portable(&mut c2, &a, &b, rows, k, st, write == Write::Accumulate);
+                    for (x, y) in c2.iter().zip(&c).filter(|(x, _)| !x.is_nan()) {
+                        assert!((x - y).abs() < 1e-4);
+                    }
+                    for (x, y) in max2.iter().zip(&col_max) {
+                        assert!((x - y).abs() < 1e-4);
                     }
                 }
             }

@@ -46,9 +46,15 @@ fn lane_max(s: &[f32]) -> [f32; LANES] {
 impl PanelSoftmax {
     /// Folds a `keys × 16` tile of base-2 scores (−∞ where masked) into the state, replacing it
     /// by `2^(s − m_new)`, and rescales the `dv × 16` accumulator `acc` to the new maxima. The
-    /// caller then adds `Vᵀ·Pᵀ` to `acc`.
-    pub(crate) fn update(&mut self, scores: &mut [f32], acc: &mut [f32]) {
-        let tile_max = lane_max(scores);
+    /// caller then adds `Vᵀ·Pᵀ` to `acc`. `tile_max` is each lane's maximum over the tile when
+    /// the caller already has it (exactly: an upper bound could flush every term to 0).
+    pub(crate) fn update(
+        &mut self,
+        scores: &mut [f32],
+        tile_max: Option<[f32; LANES]>,
+        acc: &mut [f32],
+    ) {
+        let tile_max = tile_max.unwrap_or_else(|| lane_max(scores));
         let mut shift = [0f32; LANES];
         let mut alpha = [1f32; LANES];
         let mut moved = false;
@@ -118,7 +124,7 @@ mod tests {
                     s[r * LANES + 2..(r + 1) * LANES].fill(1.5);
                 }
             }
-            sm.update(&mut s, &mut acc);
+            sm.update(&mut s, None, &mut acc);
             for (r, j) in keys.enumerate() {
                 for l in 0..LANES {
                     acc[l] += s[r * LANES + l] * values[j];
