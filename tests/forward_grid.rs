@@ -8,7 +8,7 @@
 mod common;
 
 use common::{Alibi, Case, Layout, check_forward_cases};
-use flashattn::DType;
+use flashattn::{AttentionParams, DType, Element, Tensor};
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 const SEQLENS: [usize; 9] = [1, 7, 63, 64, 65, 113, 203, 256, 1000];
@@ -245,4 +245,73 @@ fn varlen() {
             .alibi(Alibi::PerHead),
     );
     check_forward_cases("varlen", 80_000, &cases);
+}
+
+/// A `shape` view with `strides` and `offset` of `data` converted to `dtype`.
+fn strided(
+    data: &[f32],
+    dtype: DType,
+    shape: &[usize],
+    strides: &[usize],
+    offset: usize,
+) -> Tensor {
+    fn typed<T: Element>(
+        data: &[f32],
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> Tensor {
+        let v: Vec<T> = data.iter().map(|&x| T::from_f32(x)).collect();
+        Tensor::from_vec_strided(v, shape, strides, offset).unwrap()
+    }
+    match dtype {
+        DType::F32 => typed::<f32>(data, shape, strides, offset),
+        DType::F16 => typed::<half::f16>(data, shape, strides, offset),
+        DType::BF16 => typed::<half::bf16>(data, shape, strides, offset),
+    }
+}
+
+/// q, k and v as strided views into one packed `[batch, seqlen, 3, heads, dim]` buffer (the
+/// layout of a fused QKV projection): rows `3 · heads · dim` apart, k and v at offsets.
+#[test]
+fn packed_qkv_views() {
+    let shapes = [
+        (2, 65, 4, 32, DType::F32),
+        (1, 113, 2, 64, DType::F16),
+        (3, 7, 8, 8, DType::BF16),
+    ];
+    for (n, &(b, len, h, d, dtype)) in shapes.iter().enumerate() {
+        let seed = 90_000 + n as u64;
+        let mut rng = common::rng(seed);
+        let buf = common::values(&mut rng, b * len * 3 * h * d, 1.7);
+        let (shape, strides) = ([b, len, h, d], [len * 3 * h * d, 3 * h * d, d, 1]);
+        let view = |which: usize| strided(&buf, dtype, &shape, &strides, which * h * d);
+        let dout = common::tensor(&mut rng, &shape, dtype, Layout::Bnhd);
+        for p in [
+            AttentionParams::default(),
+            AttentionParams::default().causal(),
+        ] {
+            let x = common::Inputs {
+                q: view(0),
+                k: view(1),
+                v: view(2),
+                dout: dout.clone(),
+                p,
+            };
+            let e = common::forward_errors(&x);
+            let tol = common::tolerance(dtype, e.standard);
+            println!("packed qkv B={b} N={len} H={h} D={d} {dtype} seed {seed}: {e:?}");
+            assert!(e.out <= tol, "{e:?} > {tol:e}");
+            assert!(
+                e.lse <= common::lse_tolerance(dtype, e.standard_lse),
+                "{e:?}"
+            );
+            // The backward reads the same views (and writes gradients in their memory order).
+            let case = Case::new(len, len, d).batch(b).heads(h, h).dtype(dtype);
+            for g in common::backward_errors(&case, &x) {
+                println!("  {g:?}");
+                assert!(g.err <= g.bound, "{g:?}");
+            }
+        }
+    }
 }

@@ -63,8 +63,8 @@ fn arb_params() -> impl Strategy<Value = AttentionParams> {
     (
         prop::option::weighted(0.3, f.clone()),
         prop::option::weighted(0.3, f),
-        prop::option::weighted(0.3, 0usize..4),
-        prop::option::weighted(0.3, 0usize..4),
+        prop::option::weighted(0.3, prop_oneof![0usize..4, Just(usize::MAX)]),
+        prop::option::weighted(0.3, prop_oneof![0usize..4, Just(usize::MAX)]),
         prop::option::weighted(0.3, arb_tensor()),
         prop::option::weighted(0.3, arb_tensor()),
         prop::option::weighted(0.3, (cu.clone(), cu)),
