@@ -60,6 +60,8 @@ pub fn forward_errors(x: &Inputs) -> ForwardErrors {
         out_shape(x.q.shape(), x.v.shape()[x.v.rank() - 1])
     );
     assert_eq!(f.out.dtype(), x.q.dtype());
+    assert_laid_out_like(&f.out, &x.q, "out");
+    assert_laid_out_like(&s.out, &x.q, "standard out");
     let out = f.out.to_f64_vec().unwrap();
     assert!(out.iter().all(|x| x.is_finite()), "non-finite output");
     ForwardErrors {
@@ -67,6 +69,33 @@ pub fn forward_errors(x: &Inputs) -> ForwardErrors {
         standard: rel(&s.out.to_f64_vec().unwrap(), &o.out),
         lse: lse_error(&f.lse.to_f64_vec().unwrap(), &o.lse),
         standard_lse: lse_error(&s.lse.to_f64_vec().unwrap(), &o.lse),
+    }
+}
+
+/// Asserts that `t` (an output or gradient) has the memory order of `like`: the same order of
+/// strides over the dimensions of size > 1 (so a `[B,H,N,D]`-stored q gives a `[B,H,N,D]`-stored
+/// output), a contiguous last dimension, and dtype. Empty tensors have no memory order.
+pub fn assert_laid_out_like(t: &Tensor, like: &Tensor, what: &str) {
+    assert_eq!(t.dtype(), like.dtype(), "{what} dtype");
+    if t.numel() == 0 {
+        return; // no element, no memory order
+    }
+    let r = t.rank();
+    assert!(
+        t.shape()[r - 1] <= 1 || t.strides()[r - 1] == 1,
+        "{what}: last dim not contiguous"
+    );
+    let big = |a: usize| t.shape()[a] > 1 && like.shape()[a] > 1;
+    for a in (0..r - 1).filter(|&a| big(a)) {
+        for b in (0..r - 1).filter(|&b| big(b) && b != a) {
+            assert_eq!(
+                t.strides()[a].cmp(&t.strides()[b]),
+                like.strides()[a].cmp(&like.strides()[b]),
+                "{what} strides {:?} are not in the order of {:?}",
+                t.strides(),
+                like.strides()
+            );
+        }
     }
 }
 
@@ -278,6 +307,14 @@ pub fn backward_errors(case: &Case, x: &Inputs) -> Vec<GradientError> {
     let sg = standard::backward(&x.q, &x.k, &x.v, &s.out, &s.lse, &x.dout, &x.p)
         .expect("standard backward");
     let og = oracle::backward(&x.q, &x.k, &x.v, &x.dout, &x.p).expect("oracle backward");
+    for (grad, like, what) in [
+        (&g.dq, &x.q, "dq"),
+        (&g.dk, &x.k, "dk"),
+        (&g.dv, &x.v, "dv"),
+    ] {
+        assert_eq!(grad.shape(), like.shape(), "{what} shape");
+        assert_laid_out_like(grad, like, what);
+    }
     let mut reference = vec![og.dq, og.dk, og.dv];
     reference.extend(og.dbias);
     let key_summed_bias = case.bias.is_some_and(|full| !full[3]);
@@ -290,6 +327,8 @@ pub fn backward_errors(case: &Case, x: &Inputs) -> Vec<GradientError> {
             let key_summed = name == "dbias" && key_summed_bias;
             let scale = if key_summed {
                 key_summed_scale(x)
+            } else if norm(want) == 0.0 {
+                zero_gradient_scale(name, x)
             } else {
                 norm(want)
             };
@@ -307,6 +346,26 @@ pub fn backward_errors(case: &Case, x: &Inputs) -> Vec<GradientError> {
             }
         })
         .collect()
+}
+
+/// The scale of a gradient whose exact value is 0 (with a single visible key, say, where
+/// dS = P·(dP − rowsum(P∘dP)) cancels exactly): the bound its entries would have without the
+/// cancellation, from |dS_ij| ≤ 2·|dO_i|·max|v_j|: ‖dq‖ ≤ 2·scale·‖dO‖·max‖k_j‖·max‖v_j‖,
+/// ‖dk‖ likewise with max‖q_i‖, ‖dbias‖ ≤ 2·‖dO‖·max‖v_j‖. A computed value is measured against it.
+fn zero_gradient_scale(name: &str, x: &Inputs) -> f64 {
+    let max_row = |t: &Tensor| {
+        let dim = t.shape()[t.rank() - 1];
+        let data = t.to_f64_vec().unwrap();
+        data.chunks(dim.max(1)).map(norm).fold(0.0, f64::max)
+    };
+    let d = x.q.shape()[x.q.rank() - 1] as f64;
+    let scale = x.p.scale.map_or(1.0 / d.sqrt(), f64::from);
+    let ds = 2.0 * norm(&x.dout.to_f64_vec().unwrap()) * max_row(&x.v);
+    match name {
+        "dq" => ds * scale * max_row(&x.k),
+        "dk" => ds * scale * max_row(&x.q),
+        _ => ds,
+    }
 }
 
 /// Runs every case's backward against the oracle (seed `seed0 + index`, printed), prints a line
