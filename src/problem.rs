@@ -270,10 +270,10 @@ impl Problem {
         if !scale.is_finite() {
             return Err(Error::arg("scale", "a finite number", scale));
         }
-        if let Some(cap) = params.softcap {
-            if !(cap.is_finite() && cap > 0.0) {
-                return Err(Error::arg("softcap", "a finite number > 0", cap));
-            }
+        if let Some(cap) = params.softcap
+            && !(cap.is_finite() && cap > 0.0)
+        {
+            return Err(Error::arg("softcap", "a finite number > 0", cap));
         }
         let alibi = match &params.alibi_slopes {
             None => None,
