@@ -30,6 +30,7 @@ use super::microkernel::{PanelStrides, panel_product};
 use super::online_softmax::PanelSoftmax;
 use super::score_mods::{ScoreMods, apply_mask};
 use super::tile_config::{ForwardTiles, forward_tiles};
+use super::transpose::transpose;
 use crate::mask::Mask;
 use crate::problem::Problem;
 use crate::tensor::CpuElement;
@@ -59,6 +60,8 @@ struct Scratch {
     /// Scores, then probabilities, of one panel: `block_k × 16`.
     st: Vec<f32>,
     softmax: Vec<PanelSoftmax>,
+    /// 16 query rows in row-major order (f32), on their way into or out of a panel.
+    rows: Vec<f32>,
     kv: KeyBlock,
 }
 
@@ -219,15 +222,20 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             }
         }
 
+        sc.rows.resize(LANES * dv.max(d), 0.0);
         for panel in 0..panels {
             let ot = &mut sc.ot[panel * dv * LANES..(panel + 1) * dv * LANES];
             let lse_panel = sc.softmax[panel].finish(ot);
-            for (l, i) in self.panel_queries(panel).enumerate() {
+            let queries = self.panel_queries(panel);
+            transpose(&mut sc.rows, dv, ot, LANES, dv, queries.len());
+            for (l, i) in queries.enumerate() {
                 // SAFETY: out[b, i, h, ..] and lse[b, h, i] belong to this task alone.
                 unsafe {
                     out.write_row(
                         p.query_at(&out.layout, b, i, h),
-                        (0..dv).map(|c| T::from_f32(ot[c * LANES + l])),
+                        sc.rows[l * dv..(l + 1) * dv]
+                            .iter()
+                            .map(|&o| T::from_f32(o)),
                     );
                     lse.write_row(p.lse_at(b, h, i), std::iter::once(lse_panel[l]));
                 }
@@ -254,14 +262,28 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         };
         sc.qt.clear();
         sc.qt.resize(panels * d * LANES, 0.0);
-        for (r, i) in self.rows.clone().enumerate() {
-            let (panel, l) = (r / LANES, r % LANES);
-            let at = p.q_at(self.b, i, self.h);
-            let dst = &mut sc.qt[panel * d * LANES..(panel + 1) * d * LANES];
-            for (dd, q) in self.x.q[at..at + d].iter().enumerate() {
-                dst[dd * LANES + l] = q.to_f32() * scale;
+        sc.rows.resize(LANES * d.max(p.head_dim_v), 0.0);
+        for panel in 0..panels {
+            let queries = self.panel_queries(panel);
+            let at = p.q_at(self.b, queries.start, self.h);
+            let qt = &mut sc.qt[panel * d * LANES..(panel + 1) * d * LANES];
+            match as_f32(self.x.q) {
+                Some(q) => transpose(qt, LANES, &q[at..], p.q.row, queries.len(), d),
+                None => {
+                    for (l, i) in queries.clone().enumerate() {
+                        let at = p.q_at(self.b, i, self.h);
+                        for (dst, x) in sc.rows[l * d..(l + 1) * d]
+                            .iter_mut()
+                            .zip(&self.x.q[at..at + d])
+                        {
+                            *dst = x.to_f32();
+                        }
+                    }
+                    transpose(qt, LANES, &sc.rows, d, queries.len(), d);
+                }
             }
         }
+        sc.qt.iter_mut().for_each(|x| *x *= scale);
     }
 
     /// K and V rows of the key block `keys` as f32: in place for f32, converted otherwise.

@@ -71,9 +71,13 @@ pub(crate) fn panel_product(
     let acc = write == Write::Accumulate;
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // Blocks of 6 rows, with two to five blocks of 5 instead of one short block at the end
+        // (a 4-row block has too few accumulators to hide the FMA latency).
+        let fives = if rows >= 20 { (MR - rows % MR) % MR } else { 0 };
         let mut r0 = 0;
         while r0 < rows {
-            let mr = (rows - r0).min(MR);
+            let left = rows - r0;
+            let mr = if left <= 5 * fives { 5 } else { left.min(MR) };
             let (ar, cr) = (a[r0 * st.a_rs..].as_ptr(), c[r0 * st.c_rs..].as_mut_ptr());
             let b = b.as_ptr();
             // SAFETY: AVX2 and FMA are available (checked above). Rows r0..r0 + mr of A and C and

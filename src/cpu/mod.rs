@@ -13,6 +13,7 @@ mod online_softmax;
 mod score_mods;
 mod shared_out;
 mod tile_config;
+mod transpose;
 
 use half::{bf16, f16};
 

@@ -61,10 +61,14 @@ impl PanelSoftmax {
         for l in 0..LANES {
             let m_new = self.max[l].max(tile_max[l]);
             if m_new > self.max[l] {
-                // exp2 clamps −∞ (a first visible key) to 2^−127 = 0.
-                alpha[l] = exp2(self.max[l] - m_new);
+                if self.max[l] > f32::NEG_INFINITY {
+                    alpha[l] = exp2(self.max[l] - m_new);
+                    moved = true;
+                } else {
+                    // A first visible key: the lane's sum and accumulator are still 0.
+                    alpha[l] = 0.0;
+                }
                 self.max[l] = m_new;
-                moved = true;
             }
             shift[l] = if m_new == f32::NEG_INFINITY {
                 0.0

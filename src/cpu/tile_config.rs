@@ -3,29 +3,30 @@
 /// How the forward cuts one (sequence, head) into tiles.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ForwardTiles {
-    /// Query rows per task (Br): the rows whose Q tile and output accumulator stay in cache.
+    /// Query rows per task (Br, a multiple of the 16-query panel): their Qᵀ and Oᵀ panels stay
+    /// in cache while the task walks the keys.
     pub block_q: usize,
-    /// Keys per tile (Bc): the width of one score tile, one exp pass and one rescale per row.
+    /// Keys per block (Bc): one score panel, one exp pass and at most one rescale per query.
     pub block_k: usize,
-    /// Rows per strip in the tiles that cross a mask boundary: each strip multiplies only the
-    /// keys it can see, so a causal diagonal tile wastes about `strip / 2` keys per row.
-    pub strip: usize,
 }
 
 /// Tiles for head dims `d` (Q, K) and `dv` (V).
 ///
-/// The key tile (Kᵀ and V packed as f32, `block_k · (d + dv) · 4` bytes) is kept near 128 KiB so
-/// that it, the Q tile and the score tile fit in the 1 MiB L2 of one core together.
-/// Measured with `cargo bench --bench attention` on the 2-core AVX2 VM (AMD EPYC, 2026-11-22),
-/// f32, B=1, H=8, D=64: see BENCHMARKS.md.
+/// The key block (`block_k` rows of K and V, `block_k · (d + dv) · 4` bytes, read in place or
+/// converted once) is kept near 128 KiB so it stays in the 1 MiB L2 of a core while each of the
+/// task's panels passes over it; the score panel (`block_k × 16`, 16 KiB at D=64) stays in L1.
+///
+/// Measured on the 2-core AVX2 VM (AMD EPYC, 2026-11-22), f32, B=1, H=8, D=64, in GFLOP per
+/// CPU-second on 2 cores (noise about ±5): block_q 64 / 128 / 256 with block_k 256 gave
+/// 205 / 211 / 202 at N=1024 and 201 / 209 / 215 at N=4096, and 185 / 196 / 194 at N=1024
+/// causal; block_k 512 (block_q 64) gave no gain (199, 205, 184). block_q = 128 is kept: fewer
+/// tasks than 64 and less imbalance than 256 on short causal rows.
 pub(crate) fn forward_tiles(d: usize, dv: usize) -> ForwardTiles {
     let key_floats = 32 * 1024;
-    // A multiple of 16 (two 8-lane vectors per exp step).
-    let block_k = (key_floats / (d + dv)).clamp(32, 256) / 16 * 16;
+    let block_k = (key_floats / (d + dv)).clamp(32, 256);
     ForwardTiles {
-        block_q: 64,
+        block_q: 128,
         block_k,
-        strip: 16,
     }
 }
 
