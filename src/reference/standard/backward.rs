@@ -10,7 +10,7 @@ use crate::problem::Problem;
 use crate::tensor::{Tensor, contiguous_strides};
 
 use super::score_matrix::{
-    MatMul, SeqInputs, bias_data, gather_rows, layout_like, round, score_matrix, scores,
+    MatMul, SeqInputs, bias_data, gather_rows, layout_like, map_tasks, round, score_matrix, scores,
     seq_inputs, softmax, split_scores, tensor_like, widen,
 };
 
@@ -50,88 +50,85 @@ pub(super) fn backward_typed<T: Element>(
         .zip(split_scores(p, &mut p_buf, g))
         .zip(split_scores(p, &mut ds_buf, g))
         .collect();
-    let groups: Vec<GroupGradients> = tasks
-        .into_par_iter()
-        .map(|(((b, hk), pm), dsm)| {
-            let (nq, nk) = (p.seqs[b].nq, p.seqs[b].nk);
-            let (x, go) = (&inputs[b].0, &inputs[b].1);
-            let mut r = GroupGradients {
-                dq: Vec::with_capacity(g),
-                dk: vec![0f32; nk * d],
-                dv: vec![0f32; nk * dvd],
-            };
-            let mut dcap = p.softcap.map(|_| vec![0f32; nq * nk]);
-            for (gi, h) in (hk * g..(hk + 1) * g).enumerate() {
-                let pm = &mut pm[gi * nq * nk..(gi + 1) * nq * nk];
-                let ds = &mut dsm[gi * nq * nk..(gi + 1) * nq * nk];
-                scores::<T>(p, bias.as_deref(), b, h, x, pm, dcap.as_deref_mut());
-                softmax::<T>(pm, nq, nk);
-                // dV += Pᵀ·dO
-                MatMul {
-                    m: nk,
-                    n: dvd,
-                    k: nq,
-                    lhs_strides: (1, nk),
-                    rhs_strides: (dvd, 1),
-                    alpha: 1.0,
-                    accumulate: true,
-                }
-                .run(&mut r.dv, pm, &go[h]);
-                // dP = dO·Vᵀ, then dS = P∘(dP − rowsum(P∘dP)), both rounded to T.
-                MatMul {
-                    m: nq,
-                    n: nk,
-                    k: dvd,
-                    lhs_strides: (dvd, 1),
-                    rhs_strides: (1, dvd),
-                    alpha: 1.0,
-                    accumulate: false,
-                }
-                .run(ds, &go[h], &x.v[hk]);
-                for (pr, dr) in pm.chunks(nk.max(1)).zip(ds.chunks_mut(nk.max(1))) {
-                    dr.iter_mut().for_each(|x| *x = round::<T>(*x));
-                    let dot: f32 = pr.iter().zip(dr.iter()).map(|(a, b)| a * b).sum();
-                    pr.iter()
-                        .zip(dr.iter_mut())
-                        .for_each(|(pij, x)| *x = round::<T>(pij * (*x - dot)));
-                }
-                // Through the softcap: dS_raw = dS · (1 − tanh²), rounded to T.
-                let ds_raw: &[f32] = match dcap.as_deref_mut() {
-                    Some(dc) => {
-                        dc.iter_mut()
-                            .zip(ds.iter())
-                            .for_each(|(c, s)| *c = round::<T>(s * *c));
-                        dc
-                    }
-                    None => ds,
-                };
-                // dQ = dS_raw·K·scale, dK += dS_rawᵀ·Q·scale
-                let mut dq = vec![0f32; nq * d];
-                MatMul {
-                    m: nq,
-                    n: d,
-                    k: nk,
-                    lhs_strides: (nk, 1),
-                    rhs_strides: (d, 1),
-                    alpha: p.scale,
-                    accumulate: false,
-                }
-                .run(&mut dq, ds_raw, &x.k[hk]);
-                r.dq.push(dq);
-                MatMul {
-                    m: nk,
-                    n: d,
-                    k: nq,
-                    lhs_strides: (1, nk),
-                    rhs_strides: (d, 1),
-                    alpha: p.scale,
-                    accumulate: true,
-                }
-                .run(&mut r.dk, ds_raw, &x.q[h]);
+    let groups: Vec<GroupGradients> = map_tasks(tasks, |(((b, hk), pm), dsm)| {
+        let (nq, nk) = (p.seqs[b].nq, p.seqs[b].nk);
+        let (x, go) = (&inputs[b].0, &inputs[b].1);
+        let mut r = GroupGradients {
+            dq: Vec::with_capacity(g),
+            dk: vec![0f32; nk * d],
+            dv: vec![0f32; nk * dvd],
+        };
+        let mut dcap = p.softcap.map(|_| vec![0f32; nq * nk]);
+        for (gi, h) in (hk * g..(hk + 1) * g).enumerate() {
+            let pm = &mut pm[gi * nq * nk..(gi + 1) * nq * nk];
+            let ds = &mut dsm[gi * nq * nk..(gi + 1) * nq * nk];
+            scores::<T>(p, bias.as_deref(), b, h, x, pm, dcap.as_deref_mut());
+            softmax::<T>(pm, nq, nk);
+            // dV += Pᵀ·dO
+            MatMul {
+                m: nk,
+                n: dvd,
+                k: nq,
+                lhs_strides: (1, nk),
+                rhs_strides: (dvd, 1),
+                alpha: 1.0,
+                accumulate: true,
             }
-            r
-        })
-        .collect();
+            .run(&mut r.dv, pm, &go[h]);
+            // dP = dO·Vᵀ, then dS = P∘(dP − rowsum(P∘dP)), both rounded to T.
+            MatMul {
+                m: nq,
+                n: nk,
+                k: dvd,
+                lhs_strides: (dvd, 1),
+                rhs_strides: (1, dvd),
+                alpha: 1.0,
+                accumulate: false,
+            }
+            .run(ds, &go[h], &x.v[hk]);
+            for (pr, dr) in pm.chunks(nk.max(1)).zip(ds.chunks_mut(nk.max(1))) {
+                dr.iter_mut().for_each(|x| *x = round::<T>(*x));
+                let dot: f32 = pr.iter().zip(dr.iter()).map(|(a, b)| a * b).sum();
+                pr.iter()
+                    .zip(dr.iter_mut())
+                    .for_each(|(pij, x)| *x = round::<T>(pij * (*x - dot)));
+            }
+            // Through the softcap: dS_raw = dS · (1 − tanh²), rounded to T.
+            let ds_raw: &[f32] = match dcap.as_deref_mut() {
+                Some(dc) => {
+                    dc.iter_mut()
+                        .zip(ds.iter())
+                        .for_each(|(c, s)| *c = round::<T>(s * *c));
+                    dc
+                }
+                None => ds,
+            };
+            // dQ = dS_raw·K·scale, dK += dS_rawᵀ·Q·scale
+            let mut dq = vec![0f32; nq * d];
+            MatMul {
+                m: nq,
+                n: d,
+                k: nk,
+                lhs_strides: (nk, 1),
+                rhs_strides: (d, 1),
+                alpha: p.scale,
+                accumulate: false,
+            }
+            .run(&mut dq, ds_raw, &x.k[hk]);
+            r.dq.push(dq);
+            MatMul {
+                m: nk,
+                n: d,
+                k: nq,
+                lhs_strides: (1, nk),
+                rhs_strides: (d, 1),
+                alpha: p.scale,
+                accumulate: true,
+            }
+            .run(&mut r.dk, ds_raw, &x.q[h]);
+        }
+        r
+    });
 
     let dbias = p
         .bias

@@ -27,8 +27,8 @@ use crate::problem::{Problem, expect_like};
 use crate::tensor::{Tensor, contiguous_strides};
 
 use score_matrix::{
-    MatMul, SeqInputs, bias_data, layout_like, seq_inputs, softmax, split_scores, tensor_like,
-    widen,
+    MatMul, SeqInputs, bias_data, layout_like, map_tasks, seq_inputs, softmax, split_scores,
+    tensor_like, widen,
 };
 
 /// Bytes of the matrices [`forward`] materializes for problem `p`: the scores of every
@@ -165,27 +165,24 @@ fn forward_typed<T: Element>(
         .into_par_iter()
         .map(|b| seq_inputs(p, b, &qd, &kd, &vd))
         .collect();
-    let heads: Vec<HeadForward> = tasks
-        .into_par_iter()
-        .map(|(b, h, s)| {
-            let (nq, nk, dv) = (p.seqs[b].nq, p.seqs[b].nk, p.head_dim_v);
-            let x = &inputs[b];
-            score_matrix::scores::<T>(p, bias.as_deref(), b, h, x, s, None);
-            let lse = softmax::<T>(s, nq, nk);
-            let mut out = vec![0f32; nq * dv];
-            MatMul {
-                m: nq,
-                n: dv,
-                k: nk,
-                lhs_strides: (nk, 1),
-                rhs_strides: (dv, 1),
-                alpha: 1.0,
-                accumulate: false,
-            }
-            .run(&mut out, s, &x.v[p.kv_head(h)]);
-            HeadForward { out, lse }
-        })
-        .collect();
+    let heads: Vec<HeadForward> = map_tasks(tasks, |(b, h, s)| {
+        let (nq, nk, dv) = (p.seqs[b].nq, p.seqs[b].nk, p.head_dim_v);
+        let x = &inputs[b];
+        score_matrix::scores::<T>(p, bias.as_deref(), b, h, x, s, None);
+        let lse = softmax::<T>(s, nq, nk);
+        let mut out = vec![0f32; nq * dv];
+        MatMul {
+            m: nq,
+            n: dv,
+            k: nk,
+            lhs_strides: (nk, 1),
+            rhs_strides: (dv, 1),
+            alpha: 1.0,
+            accumulate: false,
+        }
+        .run(&mut out, s, &x.v[p.kv_head(h)]);
+        HeadForward { out, lse }
+    });
 
     let out_shape = Problem::shape_like(q, p.head_dim_v);
     let out_layout = layout_like(q, &out_shape);

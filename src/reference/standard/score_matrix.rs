@@ -2,6 +2,8 @@
 //! per-sequence f32 copies of the inputs, the `[batch, heads, nq, nk]` buffers, the score steps
 //! (rounded to the input dtype after each), the softmax, and the matrix products (`gemm`).
 
+use rayon::prelude::*;
+
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::problem::{Problem, RowLayout, strides_like};
@@ -64,6 +66,12 @@ impl MatMul {
             last(self.rhs_strides, k, n) < rhs.len(),
             "rhs out of bounds"
         );
+        // Inside a rayon task the tasks already use every thread; called from outside a pool
+        // (fewer tasks than threads, see `map_tasks`) the product itself is parallel.
+        let parallelism = match rayon::current_thread_index() {
+            Some(_) => gemm::Parallelism::None,
+            None => gemm::Parallelism::Rayon(0),
+        };
         // SAFETY: the asserts above keep every element gemm reads inside `lhs` and `rhs`, and `dst`
         // holds the m×n row-major result; the three slices are distinct borrows, so nothing aliases.
         unsafe {
@@ -86,9 +94,22 @@ impl MatMul {
                 false,
                 false,
                 false,
-                gemm::Parallelism::None,
+                parallelism,
             )
         }
+    }
+}
+
+/// Maps `f` over `tasks`: in parallel when there are at least as many tasks as threads, else
+/// one after the other on this thread, so that each matrix product uses every thread instead.
+pub(super) fn map_tasks<I: Send, R: Send>(
+    tasks: Vec<I>,
+    f: impl Fn(I) -> R + Sync + Send,
+) -> Vec<R> {
+    if tasks.len() >= rayon::current_num_threads() {
+        tasks.into_par_iter().map(f).collect()
+    } else {
+        tasks.into_iter().map(f).collect()
     }
 }
 
