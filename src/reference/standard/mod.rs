@@ -9,7 +9,7 @@
 //!
 //! The matrices are held in f32 buffers (whose values are rounded to `T`), one
 //! `[batch, heads, seqlen_q, seqlen_k]` matrix for the forward and two for the backward; see
-//! [`forward_extra_memory_bytes`]. It is a yardstick for tests (the error a plain implementation
+//! [`forward_extra_memory_bytes`] and [`backward_extra_memory_bytes`]. It is a yardstick for tests (the error a plain implementation
 //! makes in the same precision) and for benchmarks (speed and memory of the materializing method),
 //! so its products run through the `gemm` crate, parallel over (sequence, head) with rayon.
 
@@ -31,22 +31,34 @@ use score_matrix::{
     tensor_like, widen,
 };
 
-/// Bytes of the matrices [`forward`] materializes for problem `p`: the scores of every
-/// (sequence, head) in f32, plus f32 working copies of q, k, v and the output. Saturates at
+/// Bytes [`forward`] allocates beyond its inputs and output for problem `p` (contiguous
+/// inputs): the `[batch, heads, seqlen_q, seqlen_k]` score matrix in f32, and two f32 working
+/// copies each of q, k, v and the output (widened buffers, per-head rows). Saturates at
 /// `usize::MAX`.
 pub fn forward_extra_memory_bytes(p: &Problem) -> usize {
+    let [q, k, v, o] = operand_elements(p);
     score_elements(p)
-        .saturating_add(operand_elements(p))
+        .saturating_add(
+            q.saturating_add(k)
+                .saturating_add(v)
+                .saturating_add(o)
+                .saturating_mul(2),
+        )
         .saturating_mul(4)
 }
 
-/// Bytes of the matrices [`backward`] materializes for problem `p`: `P` and `dS` of every
-/// (sequence, head) in f32, plus f32 working copies of the inputs and gradients. Saturates at
-/// `usize::MAX`.
+/// Bytes [`backward`] allocates beyond its inputs and gradients for problem `p` (contiguous
+/// inputs): `P` and `dS` of every (sequence, head) in f32, two f32 working copies each of q, k,
+/// v and dout, and two of the gradients; with a softcap, add one `seqlen_q × seqlen_k` f32
+/// scratch per worker thread. Saturates at `usize::MAX`.
 pub fn backward_extra_memory_bytes(p: &Problem) -> usize {
+    let [q, k, v, o] = operand_elements(p);
+    let inputs = q.saturating_add(k).saturating_add(v).saturating_add(o);
+    let grads = q.saturating_add(k).saturating_add(v);
     score_elements(p)
-        .saturating_add(operand_elements(p))
-        .saturating_mul(8)
+        .saturating_mul(2)
+        .saturating_add(inputs.saturating_add(grads).saturating_mul(2))
+        .saturating_mul(4)
 }
 
 /// Elements of one `[batch, heads, nq, nk]` matrix (per-sequence lengths with varlen), saturating.
@@ -57,12 +69,17 @@ pub(super) fn score_elements(p: &Problem) -> usize {
         .saturating_mul(p.heads_q)
 }
 
-fn operand_elements(p: &Problem) -> usize {
+/// Elements of q, k, v and the output (or dout).
+fn operand_elements(p: &Problem) -> [usize; 4] {
     let rows_q: usize = p.seqs.iter().map(|s| s.nq).sum();
     let rows_k: usize = p.seqs.iter().map(|s| s.nk).sum();
-    p.heads_q
-        .saturating_mul(rows_q + rows_k)
-        .saturating_mul(p.head_dim + p.head_dim_v)
+    let (hq, hk) = (p.heads_q, p.heads_kv);
+    [
+        rows_q.saturating_mul(hq).saturating_mul(p.head_dim),
+        rows_k.saturating_mul(hk).saturating_mul(p.head_dim),
+        rows_k.saturating_mul(hk).saturating_mul(p.head_dim_v),
+        rows_q.saturating_mul(hq).saturating_mul(p.head_dim_v),
+    ]
 }
 
 /// Standard attention forward: same arguments, validation and outputs (`out` in `q`'s dtype and
