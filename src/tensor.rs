@@ -75,10 +75,12 @@ pub(crate) trait CpuElement: Element {
     fn slice(s: &CpuStorage) -> Option<&[Self]>;
     fn slice_mut(s: &mut CpuStorage) -> Option<&mut [Self]>;
     fn wrap(v: Vec<Self>) -> CpuStorage;
+    /// `x` itself when `Self` is `f32` (kernels then read it in place), `None` otherwise.
+    fn as_f32_slice(x: &[Self]) -> Option<&[f32]>;
 }
 
 macro_rules! cpu_element {
-    ($t:ty, $variant:ident) => {
+    ($t:ty, $variant:ident, $as_f32:ident) => {
         impl CpuElement for $t {
             fn slice(s: &CpuStorage) -> Option<&[Self]> {
                 match s {
@@ -95,12 +97,19 @@ macro_rules! cpu_element {
             fn wrap(v: Vec<Self>) -> CpuStorage {
                 CpuStorage::$variant(v)
             }
+            fn as_f32_slice(x: &[Self]) -> Option<&[f32]> {
+                $as_f32(x)
+            }
         }
     };
 }
-cpu_element!(f32, F32);
-cpu_element!(f16, F16);
-cpu_element!(bf16, BF16);
+/// The `as_f32_slice` of the element types that are not `f32`.
+fn not_f32<T>(_: &[T]) -> Option<&[f32]> {
+    None
+}
+cpu_element!(f32, F32, Some);
+cpu_element!(f16, F16, not_f32);
+cpu_element!(bf16, BF16, not_f32);
 
 /// The buffer behind a tensor.
 #[derive(Debug)]
