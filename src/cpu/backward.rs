@@ -1,10 +1,22 @@
-//! CPU backward: one task per (sequence, key/value head), recomputing probabilities from the LSE.
-
-use std::sync::Mutex;
+//! CPU backward: the FlashAttention-2 algorithm with recomputation, parallel with rayon.
+//!
+//! 1. `D = rowsum(dO∘O)` per (sequence, query head, query).
+//! 2. One task per (sequence, key/value head, chunk of key blocks). A task walks its key blocks;
+//!    each keeps its dK and dV in f32 while the query tiles that see it pass by (whole tiles
+//!    outside the mask are never visited), see [`super::backward_block`]. Chunks take every
+//!    `chunks`-th key block, so under a causal mask they get equal work.
+//! 3. dQ is accumulated per chunk in an f32 partial buffer (`O(N·D)` each; the rows of one
+//!    (sequence, key/value head) are one slice, so tasks own disjoint slices) and the partials
+//!    are summed into dq at the end. Splitting key blocks into chunks keeps every thread busy
+//!    even with a single key/value head.
+//!
+//! Extra memory: the partials (`chunks ·` the size of dq, in f32), `D`, and per-thread tiles.
 
 use rayon::prelude::*;
 
 use super::SharedOut;
+use super::backward_block::{BlockCtx, Scratch, Sinks};
+use super::bias_grad::BiasGrad;
 use crate::problem::{Problem, RowLayout};
 use crate::tensor::CpuElement;
 
@@ -33,99 +45,176 @@ pub(crate) struct Outputs<'a, T> {
     pub dbias: Option<&'a mut [f32]>,
 }
 
-fn f32s<T: CpuElement>(x: &[T], at: usize, n: usize) -> Vec<f32> {
-    x[at..at + n].iter().map(|v| v.to_f32()).collect()
+/// How the backward cuts the work.
+#[derive(Clone, Copy, Debug)]
+struct BackwardTiles {
+    /// Query rows per score tile.
+    block_q: usize,
+    /// Keys per block (the rows of dK/dV kept in f32 while queries pass by).
+    block_k: usize,
+}
+
+fn backward_tiles(_d: usize, _dv: usize) -> BackwardTiles {
+    BackwardTiles {
+        block_q: 64,
+        block_k: 64,
+    }
+}
+
+/// How many chunks the key blocks of each (sequence, key/value head) are split into: enough for
+/// about four tasks per thread, at most one chunk per key block.
+fn key_chunks(p: &Problem, block_k: usize) -> usize {
+    let target = 4 * rayon::current_num_threads();
+    let groups = (p.batch * p.heads_kv).max(1);
+    let blocks = p.max_nk.div_ceil(block_k).max(1);
+    target.div_ceil(groups).clamp(1, blocks)
+}
+
+/// One task: key blocks `chunk, chunk + chunks, …` of sequence `b`, key/value head `hk`, and the
+/// task's dQ partial (rows of sequence `b`, `group × d` per row).
+struct Task<'a> {
+    b: usize,
+    hk: usize,
+    chunk: usize,
+    dq: &'a mut [f32],
 }
 
 pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: Outputs<'_, T>) {
-    let dq = SharedOut::new(o.dq, l.dq);
+    let tiles = backward_tiles(p.head_dim, p.head_dim_v);
+    let delta = row_deltas(p, &x, l);
+    let chunks = key_chunks(p, tiles.block_k);
+    let row_len = p.group() * p.head_dim;
+    let part_len = p.total_q * row_len;
+    let mut partials = vec![0f32; chunks * p.heads_kv * part_len];
+
     let dk = SharedOut::new(o.dk, l.dk);
     let dv = SharedOut::new(o.dv, l.dv);
-    let bias_shape_strides = p.bias.as_ref().map(|(t, _)| {
-        let s = t.shape();
-        let pick = |n: usize, st: usize| if n == 1 { 0 } else { st };
-        [
-            pick(s[0], s[1] * s[2] * s[3]),
-            pick(s[1], s[2] * s[3]),
-            pick(s[2], s[3]),
-            pick(s[3], 1),
-        ]
-    });
-    let dbias = o.dbias.map(Mutex::new);
-    let tasks: Vec<(usize, usize)> = (0..p.batch)
-        .flat_map(|b| (0..p.heads_kv).map(move |hk| (b, hk)))
-        .collect();
-    tasks.par_iter().for_each(|&(b, hk)| {
-        let (d, dvd) = (p.head_dim, p.head_dim_v);
-        let (nq, nk) = (p.seqs[b].nq, p.seqs[b].nk);
-        let mask = p.mask(b);
-        let mut gk = vec![0f32; nk * d];
-        let mut gv = vec![0f32; nk * dvd];
-        let ks: Vec<Vec<f32>> = (0..nk).map(|j| f32s(x.k, p.k_at(b, j, hk), d)).collect();
-        let vs: Vec<Vec<f32>> = (0..nk).map(|j| f32s(x.v, p.v_at(b, j, hk), dvd)).collect();
-        for h in hk * p.group()..(hk + 1) * p.group() {
-            let slope = p.slope(b, h);
-            for i in 0..nq {
-                let qi = f32s(x.q, p.q_at(b, i, h), d);
-                let go = f32s(x.dout, p.query_at(&l.dout, b, i, h), dvd);
-                let oi = f32s(x.out, p.query_at(&l.out, b, i, h), dvd);
-                let delta: f32 = go.iter().zip(&oi).map(|(a, b)| a * b).sum();
-                let lse = x.lse[p.lse_at(b, h, i)];
-                let diag = i as i64 + nk as i64 - nq as i64;
-                let mut gq = vec![0f32; d];
-                for j in mask.key_range(i) {
-                    let raw: f32 = qi.iter().zip(&ks[j]).map(|(a, b)| a * b).sum::<f32>() * p.scale;
-                    let (mut s, mut dcap) = (raw, 1.0);
-                    if let Some(cap) = p.softcap {
-                        let t = (raw / cap).tanh();
-                        s = cap * t;
-                        dcap = 1.0 - t * t;
-                    }
-                    s -= slope * (j as i64 - diag).abs() as f32;
-                    if let (Some(bias), Some((_, bl))) = (x.bias, p.bias.as_ref()) {
-                        s += bias[p.bias_row_at(bl, b, h, i) + j * bl.strides[3]];
-                    }
-                    let pij = (s - lse).exp();
-                    let dp: f32 = go.iter().zip(&vs[j]).map(|(a, b)| a * b).sum();
-                    let ds = pij * (dp - delta);
-                    if let (Some(db), Some(st)) = (&dbias, bias_shape_strides) {
-                        db.lock().expect("dbias lock")
-                            [b * st[0] + h * st[1] + i * st[2] + j * st[3]] += ds;
-                    }
-                    let ds_raw = ds * dcap * p.scale;
-                    gv[j * dvd..][..dvd]
-                        .iter_mut()
-                        .zip(&go)
-                        .for_each(|(g, o)| *g += pij * o);
-                    gq.iter_mut()
-                        .zip(&ks[j])
-                        .for_each(|(g, k)| *g += ds_raw * k);
-                    gk[j * d..][..d]
-                        .iter_mut()
-                        .zip(&qi)
-                        .for_each(|(g, q)| *g += ds_raw * q);
+    let bias_shape = p.bias.as_ref().map(|(t, _)| t.shape().to_vec());
+    let dbias = o
+        .dbias
+        .zip(bias_shape)
+        .map(|(data, shape)| BiasGrad::new(data, &shape));
+    let sinks = Sinks {
+        dk: &dk,
+        dv: &dv,
+        dbias: dbias.as_ref(),
+    };
+    let score_mods = p.softcap.is_some() || p.alibi.is_some() || p.bias.is_some();
+    let alpha = if score_mods {
+        p.scale
+    } else {
+        p.scale * std::f32::consts::LOG2_E
+    };
+
+    let tasks = split_tasks(p, &mut partials, chunks, tiles.block_k, part_len, row_len);
+    tasks
+        .into_par_iter()
+        .for_each_init(Scratch::default, |scratch, task| {
+            let ctx = BlockCtx {
+                p,
+                x: &x,
+                l,
+                delta: &delta,
+                b: task.b,
+                hk: task.hk,
+                mask: p.mask(task.b),
+                score_mods,
+                alpha,
+                block_q: tiles.block_q,
+            };
+            let nk = p.seqs[task.b].nk;
+            let mut k0 = task.chunk * tiles.block_k;
+            while k0 < nk {
+                let keys = k0..(k0 + tiles.block_k).min(nk);
+                ctx.key_block(scratch, keys, task.dq, &sinks);
+                k0 += chunks * tiles.block_k;
+            }
+        });
+
+    let dq = SharedOut::new(o.dq, l.dq);
+    sum_partials(p, &partials, chunks, p.scale / alpha, &dq);
+}
+
+/// Cuts `partials` (`[chunk][kv head][query row][group · d]`) into the dQ slices of every task
+/// that has key blocks.
+fn split_tasks<'a>(
+    p: &Problem,
+    partials: &'a mut [f32],
+    chunks: usize,
+    block_k: usize,
+    part_len: usize,
+    row_len: usize,
+) -> Vec<Task<'a>> {
+    let mut tasks = Vec::new();
+    let mut rest = partials;
+    let mut consumed = 0;
+    for chunk in 0..chunks {
+        for hk in 0..p.heads_kv {
+            for (b, seq) in p.seqs.iter().enumerate() {
+                let start = (chunk * p.heads_kv + hk) * part_len + p.q_row(b, 0) * row_len;
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - consumed);
+                let (dq, tail) = tail.split_at_mut(seq.nq * row_len);
+                rest = tail;
+                consumed = start + seq.nq * row_len;
+                if chunk * block_k < seq.nk {
+                    tasks.push(Task { b, hk, chunk, dq });
                 }
-                // SAFETY: dq rows of (b, h) for h in this key head's group belong to this task alone.
-                unsafe {
-                    dq.write_row(
-                        p.query_at(&dq.layout, b, i, h),
-                        gq.iter().map(|&g| T::from_f32(g)),
-                    )
-                };
             }
         }
-        for j in 0..nk {
-            // SAFETY: dk/dv rows of (b, hk) belong to this task alone.
-            unsafe {
-                dk.write_row(
-                    p.key_at(&dk.layout, b, j, hk),
-                    gk[j * d..][..d].iter().map(|&g| T::from_f32(g)),
-                );
-                dv.write_row(
-                    p.key_at(&dv.layout, b, j, hk),
-                    gv[j * dvd..][..dvd].iter().map(|&g| T::from_f32(g)),
-                );
+    }
+    tasks
+}
+
+/// `D[b, h, i] = Σ dO∘O` over the value dimension, indexed like the log-sum-exp.
+fn row_deltas<T: CpuElement>(p: &Problem, x: &Inputs<'_, T>, l: &Layouts) -> Vec<f32> {
+    let mut delta = vec![0f32; p.lse_shape().iter().product()];
+    let out = SharedOut::new(&mut delta, RowLayout::default());
+    let dv = p.head_dim_v;
+    (0..p.batch * p.heads_q).into_par_iter().for_each(|bh| {
+        let (b, h) = (bh / p.heads_q, bh % p.heads_q);
+        for i in 0..p.seqs[b].nq {
+            let (o, g) = (p.query_at(&l.out, b, i, h), p.query_at(&l.dout, b, i, h));
+            let dot: f32 = x.out[o..o + dv]
+                .iter()
+                .zip(&x.dout[g..g + dv])
+                .map(|(a, b)| a.to_f32() * b.to_f32())
+                .sum();
+            // SAFETY: D[b, h, i] is written by this (b, h) task alone.
+            unsafe { out.write_row(p.lse_at(b, h, i), std::iter::once(dot)) };
+        }
+    });
+    delta
+}
+
+/// `dq = factor · Σ_chunk partial`, converted to `T` and written in dq's layout.
+fn sum_partials<T: CpuElement>(
+    p: &Problem,
+    partials: &[f32],
+    chunks: usize,
+    factor: f32,
+    dq: &SharedOut<'_, T>,
+) {
+    let (d, group) = (p.head_dim, p.group());
+    let part_len = p.total_q * group * d;
+    (0..p.batch * p.heads_q).into_par_iter().for_each(|bh| {
+        let (b, h) = (bh / p.heads_q, bh % p.heads_q);
+        let (hk, hh) = (p.kv_head(h), h % group);
+        let mut row = vec![0f32; d];
+        for i in 0..p.seqs[b].nq {
+            row.fill(0.0);
+            for chunk in 0..chunks {
+                let at = (chunk * p.heads_kv + hk) * part_len + (p.q_row(b, i) * group + hh) * d;
+                row.iter_mut()
+                    .zip(&partials[at..at + d])
+                    .for_each(|(r, x)| *r += x);
             }
+            // SAFETY: dq[b, i, h, ..] is written by this (b, h) task alone.
+            unsafe {
+                dq.write_row(
+                    p.query_at(&dq.layout, b, i, h),
+                    row.iter().map(|&g| T::from_f32(g * factor)),
+                )
+            };
         }
     });
 }

@@ -1,6 +1,8 @@
 //! The CPU backend: tiled FlashAttention forward and backward, parallel with rayon.
 
 mod backward;
+mod backward_block;
+mod bias_grad;
 // Tile products and exp2 kernels shared by the forward and backward (until both use every
 // item, some are unused in a given build).
 #[allow(dead_code)]
