@@ -5,9 +5,10 @@
 //! `exp(s − m) = 2^(s·log2e − m·log2e)` costs one `exp2` per element and no extra multiply.
 //!
 //! `2^x = 2^n · 2^f` with `n = round(x)` and `f ∈ [−½, ½]`; `2^f` is a degree-6 polynomial
-//! (Chebyshev fit, relative error 1.8e-8 before f32 rounding, so within ~2 ulp overall). Inputs
-//! below −127 give 0 (−∞ included, so masked scores vanish); the kernels here never see inputs
-//! above +127 (arguments are ≤ 0 after subtracting a row maximum, or the caller clamps).
+//! (Chebyshev fit, relative error 1.8e-8 before f32 rounding, so within ~2 ulp overall). A
+//! degree-5 fit (1.7e-7) measured 10% faster per vector, about 1% of the forward, but raised the
+//! forward's worst f32 errors by about 20%; accuracy was kept. Inputs below −127 give 0 (−∞
+//! included, so masked scores vanish); inputs above +127 are clamped.
 
 /// Coefficients of `2^f` on `[−½, ½]`, lowest degree first.
 const EXP2_POLY: [f32; 7] = [
@@ -66,7 +67,8 @@ pub(crate) fn exp2_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
 pub(crate) const LANES: usize = 16;
 
 /// For a row-major `rows × 16` panel: `x[r][l] = 2^(x[r][l] − shift[l])`; returns the sum of
-/// each lane (column) of the new values. `shift` must be finite.
+/// each lane (column) of the new values. `shift` must be finite and at least every element of
+/// its lane (a lane maximum, as in the softmax), so that every argument is ≤ 0.
 pub(crate) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; LANES] {
     debug_assert_eq!(x.len() % LANES, 0);
     #[cfg(target_arch = "x86_64")]
@@ -96,13 +98,14 @@ mod avx2 {
 
     /// `2^x` on 8 lanes. Adding [`ROUNDER`] rounds `x` to an integer `n` and leaves `n + 127`
     /// in the low mantissa bits, which shifted into the exponent field give `2^n`.
+    /// `CAP_ABOVE = false` skips the upper clamp, for arguments known to be ≤ 0 (7% faster).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn exp2_ps(x: __m256) -> __m256 {
-        let x = _mm256_min_ps(
-            _mm256_max_ps(x, _mm256_set1_ps(EXP2_MIN)),
-            _mm256_set1_ps(EXP2_MAX),
-        );
+    fn exp2_ps<const CAP_ABOVE: bool>(x: __m256) -> __m256 {
+        let mut x = _mm256_max_ps(x, _mm256_set1_ps(EXP2_MIN));
+        if CAP_ABOVE {
+            x = _mm256_min_ps(x, _mm256_set1_ps(EXP2_MAX));
+        }
         let rounder = _mm256_set1_ps(ROUNDER);
         let t = _mm256_add_ps(x, rounder);
         let f = _mm256_sub_ps(x, _mm256_sub_ps(t, rounder));
@@ -129,8 +132,8 @@ mod avx2 {
             let ptr = row.as_mut_ptr();
             // SAFETY: `row` holds exactly 16 f32, read and written as two unaligned vectors.
             unsafe {
-                let a = exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(ptr), s0));
-                let b = exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(ptr.add(8)), s1));
+                let a = exp2_ps::<false>(_mm256_sub_ps(_mm256_loadu_ps(ptr), s0));
+                let b = exp2_ps::<false>(_mm256_sub_ps(_mm256_loadu_ps(ptr.add(8)), s1));
                 _mm256_storeu_ps(ptr, a);
                 _mm256_storeu_ps(ptr.add(8), b);
                 acc0 = _mm256_add_ps(acc0, a);
@@ -156,8 +159,8 @@ mod avx2 {
             let ptr = chunk.as_mut_ptr();
             // SAFETY: `chunk` holds exactly 16 f32, read and written as two unaligned 8-lane vectors.
             unsafe {
-                let a = exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(ptr), s));
-                let b = exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(ptr.add(8)), s));
+                let a = exp2_ps::<true>(_mm256_sub_ps(_mm256_loadu_ps(ptr), s));
+                let b = exp2_ps::<true>(_mm256_sub_ps(_mm256_loadu_ps(ptr.add(8)), s));
                 _mm256_storeu_ps(ptr, a);
                 _mm256_storeu_ps(ptr.add(8), b);
                 acc0 = _mm256_add_ps(acc0, a);
@@ -195,7 +198,8 @@ mod tests {
 
     #[test]
     fn shifted_panel_matches_f64() {
-        let shift: [f32; LANES] = std::array::from_fn(|l| l as f32 - 3.0);
+        // At least every value of its lane (20 is the largest), as the softmax passes.
+        let shift: [f32; LANES] = std::array::from_fn(|l| 20.0 + l as f32 * 0.5);
         for rows in [0, 1, 5, 40] {
             let orig: Vec<f32> = (0..rows * LANES)
                 .map(|i| {
