@@ -18,7 +18,6 @@
 //!
 //! Extra memory: one scratch per worker thread (Qᵀ, Oᵀ, Sᵀ panel, converted K/V block), O(tile).
 
-use std::any::TypeId;
 use std::ops::Range;
 
 use rayon::prelude::*;
@@ -40,14 +39,6 @@ pub(crate) struct Inputs<'a, T> {
     pub k: &'a [T],
     pub v: &'a [T],
     pub bias: Option<&'a [f32]>,
-}
-
-/// `x` as f32 when `T` is f32 (the tiles then read it in place), `None` for f16/bf16.
-fn as_f32<T: CpuElement>(x: &[T]) -> Option<&[f32]> {
-    (TypeId::of::<T>() == TypeId::of::<f32>()).then(|| {
-        // SAFETY: `T` is `f32` (same TypeId), so the slice is reinterpreted as its own type.
-        unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<f32>(), x.len()) }
-    })
 }
 
 /// Per-thread tile buffers, reused across tasks.
@@ -267,7 +258,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             let queries = self.panel_queries(panel);
             let at = p.q_at(self.b, queries.start, self.h);
             let qt = &mut sc.qt[panel * d * LANES..(panel + 1) * d * LANES];
-            match as_f32(self.x.q) {
+            match T::as_f32_slice(self.x.q) {
                 Some(q) => transpose(qt, LANES, &q[at..], p.q.row, queries.len(), d),
                 None => {
                     for (l, i) in queries.clone().enumerate() {
@@ -294,7 +285,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
     ) -> (KeyRows<'s>, KeyRows<'s>) {
         let (p, b, hk) = (self.p, self.b, self.hk);
         let (d, dv) = (p.head_dim, p.head_dim_v);
-        if let (Some(k), Some(v)) = (as_f32(self.x.k), as_f32(self.x.v)) {
+        if let (Some(k), Some(v)) = (T::as_f32_slice(self.x.k), T::as_f32_slice(self.x.v)) {
             return (
                 KeyRows {
                     data: k,
