@@ -15,7 +15,7 @@
 use rayon::prelude::*;
 
 use super::SharedOut;
-use super::backward_block::{BlockCtx, Scratch, Sinks};
+use super::backward_block::{BlockCtx, Scratch, Sinks, padded};
 use super::bias_grad::BiasGrad;
 use crate::problem::{Problem, RowLayout};
 use crate::tensor::CpuElement;
@@ -71,7 +71,7 @@ fn key_chunks(p: &Problem, block_k: usize) -> usize {
 }
 
 /// One task: key blocks `chunk, chunk + chunks, …` of sequence `b`, key/value head `hk`, and the
-/// task's dQ partial (rows of sequence `b`, `group × d` per row).
+/// task's dQ partial (rows of sequence `b`, `group × d16` per row).
 struct Task<'a> {
     b: usize,
     hk: usize,
@@ -83,7 +83,7 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
     let tiles = backward_tiles(p.head_dim, p.head_dim_v);
     let delta = row_deltas(p, &x, l);
     let chunks = key_chunks(p, tiles.block_k);
-    let row_len = p.group() * p.head_dim;
+    let row_len = p.group() * padded(p.head_dim);
     let part_len = p.total_q * row_len;
     let mut partials = vec![0f32; chunks * p.heads_kv * part_len];
 
@@ -135,7 +135,8 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
     sum_partials(p, &partials, chunks, p.scale / alpha, &dq);
 }
 
-/// Cuts `partials` (`[chunk][kv head][query row][group · d]`) into the dQ slices of every task
+/// Cuts `partials` (`[chunk][kv head][query row][group · d16]`, `d16` the head dim rounded up
+/// to 16) into the dQ slices of every task
 /// that has key blocks.
 fn split_tasks<'a>(
     p: &Problem,
@@ -194,8 +195,8 @@ fn sum_partials<T: CpuElement>(
     factor: f32,
     dq: &SharedOut<'_, T>,
 ) {
-    let (d, group) = (p.head_dim, p.group());
-    let part_len = p.total_q * group * d;
+    let (d, d16, group) = (p.head_dim, padded(p.head_dim), p.group());
+    let part_len = p.total_q * group * d16;
     (0..p.batch * p.heads_q).into_par_iter().for_each(|bh| {
         let (b, h) = (bh / p.heads_q, bh % p.heads_q);
         let (hk, hh) = (p.kv_head(h), h % group);
@@ -203,7 +204,7 @@ fn sum_partials<T: CpuElement>(
         for i in 0..p.seqs[b].nq {
             row.fill(0.0);
             for chunk in 0..chunks {
-                let at = (chunk * p.heads_kv + hk) * part_len + (p.q_row(b, i) * group + hh) * d;
+                let at = (chunk * p.heads_kv + hk) * part_len + (p.q_row(b, i) * group + hh) * d16;
                 row.iter_mut()
                     .zip(&partials[at..at + d])
                     .for_each(|(r, x)| *r += x);

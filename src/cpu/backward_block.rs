@@ -11,9 +11,17 @@
 //! dV += Pᵀ·dO,  dK += dSᵀ·Q,  dQ += dS·(αK)
 //! ```
 //!
-//! With softcap, `dS` is multiplied by the cap's derivative `1 − tanh²(s/cap)` after the bias
-//! gradient has taken its copy. The constant factors (`scale`, `1/alpha`) are applied once when
-//! the gradients are written, not per tile.
+//! Every product is the microkernel's `C[rows × 16] (=|+=) A · B[k × 16]` over 16-column panels
+//! of the right operand (see [`super::microkernel`]): A is read in place whatever its strides
+//! (Q and dO rows of f32 inputs, Pᵀ and dSᵀ as transposed views of the score tile), and the
+//! right operands are kept 16-wide: the block's `αKᵀ`, `Vᵀ` and `αK`, zero-padded to multiples
+//! of 16 columns once per block; Q and dO as they are (f32, head dims that are multiples of 16)
+//! or packed and padded per tile. Nothing is repacked per product.
+//!
+//! Tiles that cross the mask boundary are cut into strips of 16 rows, each multiplying only the
+//! keys it can see (rounded out to 16) and masking per element. With softcap, `dS` is multiplied
+//! by the cap's derivative `1 − tanh²(s/cap)` after the bias gradient has taken its copy. The
+//! constant factors (`scale`, `1/alpha`) are applied once when the gradients are written.
 
 use std::ops::Range;
 
@@ -21,27 +29,35 @@ use super::SharedOut;
 use super::backward::{Inputs, Layouts};
 use super::bias_grad::{BiasGrad, TileFold};
 use super::exp::exp2_shifted_sum;
-use super::matmul::{MatMut, MatRef, Write, matmul};
+use super::matmul::Write;
+use super::microkernel::{PANEL, PanelStrides, panel_product};
 use crate::mask::Mask;
 use crate::problem::{BiasLayout, Problem, RowLayout};
 use crate::tensor::CpuElement;
 
 const LOG2_E: f32 = std::f32::consts::LOG2_E;
 
+/// `n` rounded up to whole 16-column panels.
+pub(crate) fn padded(n: usize) -> usize {
+    n.div_ceil(PANEL) * PANEL
+}
+
 /// Per-thread tile buffers, reused across key blocks.
 #[derive(Default)]
 pub(crate) struct Scratch {
-    /// `alpha · K` of the block, `block_k × d`.
+    /// `αKᵀ` of the block, `d × nc16` (zero columns past the block's keys).
+    kt: Vec<f32>,
+    /// `Vᵀ` of the block, `dv × nc16`.
+    vt: Vec<f32>,
+    /// `αK` of the block, `nc16 × d16` (zero-padded).
     k: Vec<f32>,
-    /// V of the block, `block_k × dv`.
-    v: Vec<f32>,
-    /// dK and dV accumulators of the block.
+    /// dK (`nc × d16`) and dV (`nc × dv16`) accumulators of the block.
     dk: Vec<f32>,
     dv: Vec<f32>,
-    /// Q and dO of a query tile (only for f16/bf16: f32 inputs are read in place).
+    /// Q and dO of a query tile when they cannot be used in place, `rows × d16` / `rows × dv16`.
     q: Vec<f32>,
     dout: Vec<f32>,
-    /// Scores, then probabilities P: `rows × keys`.
+    /// Scores, then probabilities P: `rows × keys16`.
     s: Vec<f32>,
     /// dP, then dS.
     ds: Vec<f32>,
@@ -86,10 +102,63 @@ struct HeadMods<'a> {
     diag: i64,
 }
 
+/// A left operand read in place: element `(r, l)` at `data[r·rs + l·cs]`.
+#[derive(Clone, Copy)]
+struct Strided<'a> {
+    data: &'a [f32],
+    rs: usize,
+    cs: usize,
+}
+
+/// A right operand or destination of 16-column panels: row `l` at `data[l·rs..]`, its width a
+/// multiple of 16 inside each row.
+struct Panels<D> {
+    data: D,
+    rs: usize,
+}
+
+impl<'a> Strided<'a> {
+    /// The same rows as a right operand (their width is a multiple of 16 when read this way).
+    fn panels(self) -> Panels<&'a [f32]> {
+        Panels {
+            data: self.data,
+            rs: self.rs,
+        }
+    }
+}
+
+/// The transpose of a row-major tile with row stride `ld` (Pᵀ, dSᵀ: read down its columns).
+fn transposed(data: &[f32], ld: usize) -> Strided<'_> {
+    Strided {
+        data,
+        rs: 1,
+        cs: ld,
+    }
+}
+
+/// `C[rows × cols] (=|+=) A[rows × k] · B[k × cols]`, `cols` a multiple of 16, panel by panel.
+fn product(
+    c: Panels<&mut [f32]>,
+    a: Strided<'_>,
+    b: Panels<&[f32]>,
+    (rows, k, cols): (usize, usize, usize),
+    write: Write,
+) {
+    let st = PanelStrides {
+        a_rs: a.rs,
+        a_cs: a.cs,
+        b_rs: b.rs,
+        c_rs: c.rs,
+    };
+    for c0 in (0..cols).step_by(PANEL) {
+        panel_product(&mut c.data[c0..], a.data, &b.data[c0..], rows, k, st, write);
+    }
+}
+
 impl<T: CpuElement> BlockCtx<'_, T> {
     /// Accumulates everything key block `keys` contributes: writes its dK and dV rows, adds its
-    /// part of dQ to `dq` (this task's f32 partial: rows of sequence `b`, `group × d` per row)
-    /// and of the bias gradient.
+    /// part of dQ to `dq` (this task's f32 partial: rows of sequence `b`, `group × d16` per
+    /// row) and of the bias gradient.
     pub(crate) fn key_block(
         &self,
         sc: &mut Scratch,
@@ -99,18 +168,29 @@ impl<T: CpuElement> BlockCtx<'_, T> {
     ) {
         let (p, b, hk) = (self.p, self.b, self.hk);
         let (d, dv, nc) = (p.head_dim, p.head_dim_v, keys.len());
-        sc.k.clear();
-        sc.v.clear();
-        for j in keys.clone() {
+        let (d16, dv16, nc16) = (padded(d), padded(dv), padded(nc));
+        for buf in [&mut sc.kt, &mut sc.vt, &mut sc.k] {
+            buf.clear();
+        }
+        sc.kt.resize(d * nc16, 0.0);
+        sc.vt.resize(dv * nc16, 0.0);
+        sc.k.resize(nc16 * d16, 0.0);
+        for (c, j) in keys.clone().enumerate() {
             let at = p.k_at(b, j, hk);
-            sc.k.extend(self.x.k[at..at + d].iter().map(|x| x.to_f32() * self.alpha));
+            for (e, x) in self.x.k[at..at + d].iter().enumerate() {
+                let x = x.to_f32() * self.alpha;
+                sc.kt[e * nc16 + c] = x;
+                sc.k[c * d16 + e] = x;
+            }
             let at = p.v_at(b, j, hk);
-            sc.v.extend(self.x.v[at..at + dv].iter().map(|x| x.to_f32()));
+            for (e, x) in self.x.v[at..at + dv].iter().enumerate() {
+                sc.vt[e * nc16 + c] = x.to_f32();
+            }
         }
         sc.dk.clear();
-        sc.dk.resize(nc * d, 0.0);
+        sc.dk.resize(nc * d16, 0.0);
         sc.dv.clear();
-        sc.dv.resize(nc * dv, 0.0);
+        sc.dv.resize(nc * dv16, 0.0);
 
         let rows = self.mask.query_range_for_keys(keys.clone());
         let group = p.group();
@@ -120,8 +200,23 @@ impl<T: CpuElement> BlockCtx<'_, T> {
             while i0 < rows.end {
                 let tile = i0..(i0 + self.block_q).min(rows.end);
                 i0 = tile.end;
-                let needs_mask = !self.mask.tile_is_full(tile.clone(), keys.clone());
-                self.tile(sc, h, &mods, tile, keys.clone(), needs_mask, dq, out.dbias);
+                if self.mask.tile_is_full(tile.clone(), keys.clone()) {
+                    self.tile(sc, h, &mods, tile, keys.clone(), keys.start, false, dq, out);
+                    continue;
+                }
+                // Crossing the mask boundary: strips of rows, each over the keys it sees
+                // (from a 16-aligned column of the block, so the packed panels line up).
+                for s0 in tile.clone().step_by(PANEL) {
+                    let strip = s0..(s0 + PANEL).min(tile.end);
+                    let seen = self.mask.key_range_for_rows(strip.clone());
+                    let (lo, hi) = (seen.start.max(keys.start), seen.end.min(keys.end));
+                    if lo >= hi {
+                        continue;
+                    }
+                    let lo = keys.start + (lo - keys.start) / PANEL * PANEL;
+                    let needs_mask = !self.mask.tile_is_full(strip.clone(), lo..hi);
+                    self.tile(sc, h, &mods, strip, lo..hi, keys.start, needs_mask, dq, out);
+                }
             }
         }
 
@@ -131,13 +226,15 @@ impl<T: CpuElement> BlockCtx<'_, T> {
             unsafe {
                 out.dk.write_row(
                     p.key_at(&out.dk.layout, b, j, hk),
-                    sc.dk[c * d..(c + 1) * d]
+                    sc.dk[c * d16..c * d16 + d]
                         .iter()
                         .map(|&g| T::from_f32(g * p.scale)),
                 );
                 out.dv.write_row(
                     p.key_at(&out.dv.layout, b, j, hk),
-                    sc.dv[c * dv..(c + 1) * dv].iter().map(|&g| T::from_f32(g)),
+                    sc.dv[c * dv16..c * dv16 + dv]
+                        .iter()
+                        .map(|&g| T::from_f32(g)),
                 );
             }
         }
@@ -159,31 +256,42 @@ impl<T: CpuElement> BlockCtx<'_, T> {
         }
     }
 
-    /// The f32 rows `rows` of head `h` of a query-shaped operand: in place when it is f32,
-    /// else converted into `buf`.
+    /// Rows `rows` of head `h` of a query-shaped operand (`dim` wide): in place when it is f32
+    /// with `dim` a multiple of 16, else converted into `buf` (`dim16` wide, zero-padded).
     fn query_rows<'s>(
         &self,
         src: &'s [T],
         layout: &RowLayout,
         buf: &'s mut Vec<f32>,
-        h: usize,
-        rows: Range<usize>,
-        dim: usize,
-    ) -> MatRef<'s> {
-        let (p, b, n) = (self.p, self.b, rows.len());
-        if let Some(src) = T::as_f32_slice(src) {
+        (h, rows, dim): (usize, Range<usize>, usize),
+    ) -> Strided<'s> {
+        let (p, b) = (self.p, self.b);
+        if let Some(src) = T::as_f32_slice(src).filter(|_| dim % PANEL == 0) {
             let at = p.query_at(layout, b, rows.start, h);
-            return MatRef::new(&src[at..], n, dim, layout.row, 1);
+            return Strided {
+                data: &src[at..],
+                rs: layout.row,
+                cs: 1,
+            };
         }
+        let dim16 = padded(dim);
         buf.clear();
-        for i in rows {
+        buf.resize(rows.len() * dim16, 0.0);
+        for (r, i) in rows.enumerate() {
             let at = p.query_at(layout, b, i, h);
-            buf.extend(src[at..at + dim].iter().map(|x| x.to_f32()));
+            for (o, x) in buf[r * dim16..].iter_mut().zip(&src[at..at + dim]) {
+                *o = x.to_f32();
+            }
         }
-        MatRef::row_major(buf, n, dim)
+        Strided {
+            data: buf,
+            rs: dim16,
+            cs: 1,
+        }
     }
 
-    /// One `rows × keys` tile of query head `h` (see the module doc).
+    /// One tile of query head `h`: queries `rows` × keys `keys` (sequence positions; `keys`
+    /// starts a multiple of 16 after `block0`, the first key of the packed block).
     #[allow(clippy::too_many_arguments)]
     fn tile(
         &self,
@@ -192,16 +300,20 @@ impl<T: CpuElement> BlockCtx<'_, T> {
         mods: &HeadMods<'_>,
         rows: Range<usize>,
         keys: Range<usize>,
+        block0: usize,
         needs_mask: bool,
         dq: &mut [f32],
-        dbias: Option<&BiasGrad<'_>>,
+        out: &Sinks<'_, '_, T>,
     ) {
         let (p, b) = (self.p, self.b);
         let (d, dv) = (p.head_dim, p.head_dim_v);
-        let (nr, nc) = (rows.len(), keys.len());
+        let (d16, dv16) = (padded(d), padded(dv));
+        let (nr, nc, nc16) = (rows.len(), keys.len(), padded(keys.len()));
+        let (c0, block16) = (keys.start - block0, sc.kt.len() / d);
         let Scratch {
+            kt,
+            vt,
             k,
-            v,
             dk,
             dv: dv_acc,
             q: q_buf,
@@ -211,89 +323,122 @@ impl<T: CpuElement> BlockCtx<'_, T> {
             dcap,
             fold,
         } = sc;
-        let q = self.query_rows(self.x.q, &p.q, q_buf, h, rows.clone(), d);
-        let dout = self.query_rows(self.x.dout, &self.l.dout, dout_buf, h, rows.clone(), dv);
-        let k = MatRef::row_major(k, nc, d);
-        let v = MatRef::row_major(v, nc, dv);
-        s.resize(nr * nc, 0.0);
-        ds.resize(nr * nc, 0.0);
-        let (s, ds) = (&mut s[..nr * nc], &mut ds[..nr * nc]);
+        let q = self.query_rows(self.x.q, &p.q, q_buf, (h, rows.clone(), d));
+        let dout = self.query_rows(self.x.dout, &self.l.dout, dout_buf, (h, rows.clone(), dv));
+        s.resize(nr * nc16, 0.0);
+        ds.resize(nr * nc16, 0.0);
+        let (s, ds) = (&mut s[..nr * nc16], &mut ds[..nr * nc16]);
 
-        matmul(MatMut::row_major(s, nr, nc), q, k.t(), Write::Overwrite);
+        let kt = Panels {
+            data: &kt[c0..],
+            rs: block16,
+        };
+        let s_rows = Panels {
+            data: &mut *s,
+            rs: nc16,
+        };
+        product(s_rows, q, kt, (nr, d, nc16), Write::Overwrite);
         if self.score_mods {
-            dcap.resize(nr * nc, 1.0);
-            mods.apply(s, &mut dcap[..nr * nc], rows.clone(), keys.clone());
+            dcap.resize(nr * nc16, 1.0);
+            mods.apply(s, &mut dcap[..nr * nc16], rows.clone(), keys.clone());
         }
         for (r, i) in rows.clone().enumerate() {
-            let row = &mut s[r * nc..(r + 1) * nc];
+            let row = &mut s[r * nc16..(r + 1) * nc16];
             if needs_mask {
                 let seen = self.mask.key_range(i);
                 let lo = seen.start.clamp(keys.start, keys.end) - keys.start;
                 let hi = (seen.end.clamp(keys.start, keys.end) - keys.start).max(lo);
                 row[..lo].fill(f32::NEG_INFINITY);
-                row[hi..].fill(f32::NEG_INFINITY);
+                row[hi..nc].fill(f32::NEG_INFINITY);
             }
             let lse = self.x.lse[p.lse_at(b, h, i)];
             if lse == f32::NEG_INFINITY {
                 // A query that sees no key (or only −∞ scores): P is 0, not −∞ − (−∞).
                 row.fill(0.0);
             } else {
-                exp2_shifted_sum(row, lse * LOG2_E);
+                exp2_shifted_sum(&mut row[..nc], lse * LOG2_E);
+                row[nc..].fill(0.0);
             }
         }
 
-        matmul(MatMut::row_major(ds, nr, nc), dout, v.t(), Write::Overwrite);
+        let vt = Panels {
+            data: &vt[c0..],
+            rs: block16,
+        };
+        let dp_rows = Panels {
+            data: &mut *ds,
+            rs: nc16,
+        };
+        product(dp_rows, dout, vt, (nr, dv, nc16), Write::Overwrite);
         for (r, i) in rows.clone().enumerate() {
             let delta = self.delta[p.lse_at(b, h, i)];
-            let (pr, dr) = (&s[r * nc..(r + 1) * nc], &mut ds[r * nc..(r + 1) * nc]);
+            let (pr, dr) = (
+                &s[r * nc16..(r + 1) * nc16],
+                &mut ds[r * nc16..(r + 1) * nc16],
+            );
             dr.iter_mut()
                 .zip(pr)
                 .for_each(|(g, &pij)| *g = pij * (*g - delta));
         }
-        if let Some(db) = dbias {
-            db.add_tile(fold, ds, b, h, rows.clone(), keys.clone());
+        if let Some(db) = out.dbias {
+            db.add_tile(fold, (ds, nc16), b, h, rows.clone(), keys.clone());
         }
         if mods.softcap.is_some() {
             ds.iter_mut().zip(dcap.iter()).for_each(|(g, c)| *g *= c);
         }
 
-        let p_t = MatRef::row_major(s, nr, nc).t();
-        let ds_ref = MatRef::row_major(ds, nr, nc);
-        matmul(
-            MatMut::row_major(&mut dv_acc[..nc * dv], nc, dv),
-            p_t,
-            dout,
+        let dv_rows = Panels {
+            data: &mut dv_acc[c0 * dv16..],
+            rs: dv16,
+        };
+        product(
+            dv_rows,
+            transposed(s, nc16),
+            dout.panels(),
+            (nc, nr, dv16),
             Write::Accumulate,
         );
-        matmul(
-            MatMut::row_major(&mut dk[..nc * d], nc, d),
-            ds_ref.t(),
-            q,
+        let dk_rows = Panels {
+            data: &mut dk[c0 * d16..],
+            rs: d16,
+        };
+        product(
+            dk_rows,
+            transposed(ds, nc16),
+            q.panels(),
+            (nc, nr, d16),
             Write::Accumulate,
         );
         let group = p.group();
         let hh = h - self.hk * group;
-        let dq_rows = MatMut::new(
-            &mut dq[(rows.start * group + hh) * d..],
-            nr,
-            d,
-            group * d,
-            1,
-        );
-        matmul(dq_rows, ds_ref, k, Write::Accumulate);
+        let dq_rows = Panels {
+            data: &mut dq[(rows.start * group + hh) * d16..],
+            rs: group * d16,
+        };
+        let ds_rows = Strided {
+            data: ds,
+            rs: nc16,
+            cs: 1,
+        };
+        let k = Panels {
+            data: &k[c0 * d16..],
+            rs: d16,
+        };
+        product(dq_rows, ds_rows, k, (nr, nc, d16), Write::Accumulate);
     }
 }
 
 impl HeadMods<'_> {
-    /// Turns `q·k·scale` of the tile into base-2 logits (softcap → ALiBi → bias → `· log2e`)
-    /// and stores the softcap's derivative `1 − tanh²(s/cap)` in `dcap` (when there is a cap).
+    /// Turns `q·k·scale` of the tile (row stride `keys.len()` rounded up to 16) into base-2
+    /// logits (softcap → ALiBi → bias → `· log2e`) and stores the softcap's derivative
+    /// `1 − tanh²(s/cap)` in `dcap` (when there is a cap).
     fn apply(&self, s: &mut [f32], dcap: &mut [f32], rows: Range<usize>, keys: Range<usize>) {
-        let nc = keys.len();
+        let (nc, ld) = (keys.len(), padded(keys.len()));
         for (r, i) in rows.enumerate() {
-            let row = &mut s[r * nc..(r + 1) * nc];
+            let row = &mut s[r * ld..r * ld + nc];
             if let Some(cap) = self.softcap {
                 let inv = 1.0 / cap;
-                for (x, dc) in row.iter_mut().zip(&mut dcap[r * nc..(r + 1) * nc]) {
+                for (x, dc) in row.iter_mut().zip(&mut dcap[r * ld..r * ld + nc]) {
                     let t = (*x * inv).tanh();
                     *x = cap * t;
                     *dc = 1.0 - t * t;

@@ -36,12 +36,12 @@ impl<'a> BiasGrad<'a> {
         }
     }
 
-    /// Adds the `rows × keys` tile `ds` (row-major, row stride `keys.len()`) of sequence `b`,
-    /// query head `h` (rows and keys are positions within the sequence).
+    /// Adds the `rows × keys` tile `ds` (row-major with row stride `ld`) of sequence `b`, query
+    /// head `h` (rows and keys are positions within the sequence).
     pub(crate) fn add_tile(
         &self,
         fold: &mut TileFold,
-        ds: &[f32],
+        (ds, ld): (&[f32], usize),
         b: usize,
         h: usize,
         rows: Range<usize>,
@@ -54,7 +54,8 @@ impl<'a> BiasGrad<'a> {
         let fc = if sj == 0 { 1 } else { nc };
         fold.sums.clear();
         fold.sums.resize(fr * fc, 0.0);
-        for (r, row) in ds.chunks_exact(nc).take(rows.len()).enumerate() {
+        for (r, row) in ds.chunks(ld).take(rows.len()).enumerate() {
+            let row = &row[..nc];
             let out = &mut fold.sums[(r % fr) * fc..][..fc];
             if fc == 1 {
                 out[0] += row.iter().sum::<f32>();
