@@ -5,9 +5,11 @@
 //! `flashattn::forward` and `flashattn::backward`. FLOPs by the usual count: `4·B·H·N²·D` for the
 //! forward, halved when causal, ×2.5 for the backward; criterion's "elements" are these FLOPs, so
 //! its `thrpt` reads as FLOP/s. The ceiling is a gemm-crate sgemm of 1024×1024×1024 on all
-//! threads. A summary line per configuration gives GFLOP/s and the percentage of the GEMM rate,
-//! from the fastest of criterion's samples (the machine is shared, so slow samples mostly measure
-//! other processes) and, beside it, from the median sample.
+//! threads. A summary line per configuration gives GFLOP/s and the percentage of the GEMM rate
+//! three ways: from the fastest of criterion's samples, from the median sample, and from the
+//! process CPU time of all samples (Linux `/proc/self/stat`), counted as if every rayon thread
+//! had a core to itself: on a machine shared with other jobs, wall-clock samples also measure
+//! the others, while CPU time does not (idle-spinning rayon workers still count against us).
 
 use std::cell::RefCell;
 use std::hint::black_box;
@@ -25,25 +27,64 @@ const SEQLENS: [usize; 2] = [1024, 4096];
 const GEMM_N: usize = 1024;
 const SEED: u64 = 2026;
 
-/// Per-iteration times of every sample criterion took for one benchmark.
-type Samples = Rc<RefCell<Vec<Duration>>>;
+/// What criterion's samples of one benchmark measured.
+struct Measured {
+    /// Wall-clock time per call of each sample.
+    per_call: Vec<Duration>,
+    /// Calls and process CPU seconds over all samples (CPU time when readable).
+    calls: u64,
+    cpu_seconds: Option<f64>,
+}
 
-/// Times `f` the way criterion asks (`iters` calls) and keeps the per-call time of the sample.
+impl Default for Measured {
+    fn default() -> Self {
+        Measured {
+            per_call: Vec::new(),
+            calls: 0,
+            cpu_seconds: Some(0.0),
+        }
+    }
+}
+
+type Samples = Rc<RefCell<Measured>>;
+
+/// User + system CPU time of this process, all threads, in seconds (Linux only).
+fn process_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which ends at the last ')'); utime and stime are the 14th
+    // and 15th fields of the line, in clock ticks of 1/100 s (USER_HZ).
+    let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: f64 = rest.get(11)?.parse::<f64>().ok()? + rest.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// Times `f` the way criterion asks (`iters` calls) and records the sample.
 fn timed(samples: &Samples, iters: u64, mut f: impl FnMut()) -> Duration {
+    let cpu0 = process_cpu_seconds();
     let start = Instant::now();
     for _ in 0..iters {
         f();
     }
     let elapsed = start.elapsed();
-    samples.borrow_mut().push(elapsed / iters.max(1) as u32);
+    let cpu = process_cpu_seconds().zip(cpu0).map(|(b, a)| b - a);
+    let mut m = samples.borrow_mut();
+    m.per_call.push(elapsed / iters.max(1) as u32);
+    m.calls += iters;
+    m.cpu_seconds = m.cpu_seconds.zip(cpu).map(|(total, c)| total + c);
     elapsed
 }
 
-/// The fastest and the median per-call time of the samples, in seconds.
-fn best_and_median(samples: &Samples) -> (f64, f64) {
-    let mut t: Vec<f64> = samples.borrow().iter().map(Duration::as_secs_f64).collect();
+/// Rates in GFLOP/s of `flops` per call: (fastest sample, median sample, CPU time).
+fn rates(samples: &Samples, flops: f64) -> (f64, f64, Option<f64>) {
+    let m = samples.borrow();
+    let mut t: Vec<f64> = m.per_call.iter().map(Duration::as_secs_f64).collect();
     t.sort_by(f64::total_cmp);
-    (t[0], t[t.len() / 2])
+    let threads = rayon::current_num_threads() as f64;
+    let cpu = m
+        .cpu_seconds
+        .filter(|&c| c > 0.0)
+        .map(|c| flops * m.calls as f64 / (c / threads) / 1e9);
+    (flops / t[0] / 1e9, flops / t[t.len() / 2] / 1e9, cpu)
 }
 
 fn random(rng: &mut StdRng, shape: &[usize]) -> Tensor {
@@ -85,8 +126,7 @@ fn sgemm(c: &mut [f32], a: &[f32], b: &[f32], n: usize) {
 struct Summary {
     name: String,
     flops: f64,
-    /// Fastest and median seconds per call.
-    seconds: (f64, f64),
+    samples: Samples,
 }
 
 fn main() {
@@ -169,11 +209,11 @@ fn main() {
                         })
                     });
                 }
-                if !samples.borrow().is_empty() {
+                if !samples.borrow().per_call.is_empty() {
                     results.push(Summary {
                         name: format!("{pass} f32 B={BATCH} H={HEADS} D={HEAD_DIM} {label}"),
                         flops,
-                        seconds: best_and_median(&samples),
+                        samples,
                     });
                 }
             }
@@ -182,26 +222,37 @@ fn main() {
     }
     c.final_summary();
 
-    if gemm_samples.borrow().is_empty() {
+    if gemm_samples.borrow().per_call.is_empty() {
         return;
     }
-    let (best, median) = best_and_median(&gemm_samples);
-    let gemm_rate = (gemm_flops / best / 1e9, gemm_flops / median / 1e9);
-    println!("\nsummary (this run; GFLOP/s from the fastest sample, median sample in brackets):");
+    let pct = |x: f64, of: f64| 100.0 * x / of;
+    let show_cpu = |c: Option<f64>, of: Option<f64>| match (c, of) {
+        (Some(c), Some(of)) => format!("{c:.1} GFLOP/s {:.1}%", pct(c, of)),
+        _ => "n/a".to_string(),
+    };
+    let gemm = rates(&gemm_samples, gemm_flops);
     println!(
-        "  sgemm {n}x{n}x{n} f32, all threads: {:.1} GFLOP/s [{:.1}]",
-        gemm_rate.0, gemm_rate.1
+        "\nsummary, this run: GFLOP/s and % of the GEMM rate from the fastest sample \
+         [median sample] {{CPU time, {} threads}}",
+        rayon::current_num_threads()
+    );
+    println!(
+        "  {:<44} {:>7.1} GFLOP/s          [{:.1}] {{{}}}",
+        format!("sgemm {n}x{n}x{n} f32, all threads"),
+        gemm.0,
+        gemm.1,
+        gemm.2.map_or("n/a".into(), |c| format!("{c:.1}"))
     );
     for r in &results {
-        let rate = (r.flops / r.seconds.0 / 1e9, r.flops / r.seconds.1 / 1e9);
+        let x = rates(&r.samples, r.flops);
         println!(
-            "  {:<44} {:>8.2} ms {:>7.1} GFLOP/s {:>6.1}% of GEMM   [{:.1} GFLOP/s, {:.1}%]",
+            "  {:<44} {:>7.1} GFLOP/s {:>5.1}%   [{:.1} {:.1}%] {{{}}}",
             r.name,
-            r.seconds.0 * 1e3,
-            rate.0,
-            100.0 * rate.0 / gemm_rate.0,
-            rate.1,
-            100.0 * rate.1 / gemm_rate.1
+            x.0,
+            pct(x.0, gemm.0),
+            x.1,
+            pct(x.1, gemm.1),
+            show_cpu(x.2, gemm.2)
         );
     }
 }
