@@ -31,6 +31,7 @@ use super::bias_grad::{BiasGrad, TileFold};
 use super::exp::exp2_shifted_sum;
 use super::matmul::Write;
 use super::microkernel::{PANEL, PanelStrides, panel_product};
+use super::transpose::transpose;
 use crate::mask::Mask;
 use crate::problem::{BiasLayout, Problem, RowLayout};
 use crate::tensor::CpuElement;
@@ -49,6 +50,8 @@ pub(crate) struct Scratch {
     kt: Vec<f32>,
     /// `Vᵀ` of the block, `dv × nc16`.
     vt: Vec<f32>,
+    /// V of the block, `nc × dv` (only for f16/bf16, on its way to `vt`).
+    v: Vec<f32>,
     /// `αK` of the block, `nc16 × d16` (zero-padded).
     k: Vec<f32>,
     /// dK (`nc × d16`) and dV (`nc × dv16`) accumulators of the block.
@@ -177,14 +180,21 @@ impl<T: CpuElement> BlockCtx<'_, T> {
         sc.k.resize(nc16 * d16, 0.0);
         for (c, j) in keys.clone().enumerate() {
             let at = p.k_at(b, j, hk);
-            for (e, x) in self.x.k[at..at + d].iter().enumerate() {
-                let x = x.to_f32() * self.alpha;
-                sc.kt[e * nc16 + c] = x;
-                sc.k[c * d16 + e] = x;
+            for (o, x) in sc.k[c * d16..].iter_mut().zip(&self.x.k[at..at + d]) {
+                *o = x.to_f32() * self.alpha;
             }
-            let at = p.v_at(b, j, hk);
-            for (e, x) in self.x.v[at..at + dv].iter().enumerate() {
-                sc.vt[e * nc16 + c] = x.to_f32();
+        }
+        transpose(&mut sc.kt, nc16, &sc.k, d16, nc, d);
+        let at = p.v_at(b, keys.start, hk);
+        match T::as_f32_slice(self.x.v) {
+            Some(v) => transpose(&mut sc.vt, nc16, &v[at..], p.v.row, nc, dv),
+            None => {
+                sc.v.clear();
+                for j in keys.clone() {
+                    let at = p.v_at(b, j, hk);
+                    sc.v.extend(self.x.v[at..at + dv].iter().map(|x| x.to_f32()));
+                }
+                transpose(&mut sc.vt, nc16, &sc.v, dv, nc, dv);
             }
         }
         sc.dk.clear();
@@ -313,6 +323,7 @@ impl<T: CpuElement> BlockCtx<'_, T> {
         let Scratch {
             kt,
             vt,
+            v: _,
             k,
             dk,
             dv: dv_acc,
