@@ -164,6 +164,54 @@ pub fn backward(
     dout: &Tensor,
     params: &AttentionParams,
 ) -> Result<OracleGradients> {
+    gradients(q, k, v, dout, None, params, false)
+}
+
+/// The magnitudes of the terms each gradient sums: the same sums as [`backward`] with every
+/// term, down to the products inside `dS_ij = P_ij (dO_i·v_j − D_i)`, replaced by its absolute
+/// value (`|dS|_ij = P_ij (|dO_i|·|v_j| + |D|_i)`, `|dq|_i = scale · Σ_j |dS|_ij · |k_j|`, and so
+/// on). They are the scale of each gradient's rounding error: where the terms cancel (each row
+/// of dS sums to 0; with one visible key dS is exactly 0), an error relative to the gradient
+/// itself would measure the cancellation, not the implementation.
+pub fn backward_magnitudes(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    dout: &Tensor,
+    params: &AttentionParams,
+) -> Result<OracleGradients> {
+    gradients(q, k, v, dout, None, params, true)
+}
+
+/// The gradients of the FlashAttention-2 formulation for a given forward output `out`: as
+/// [`backward`], but with `D_i = dO_i · out_i` in `dS_ij = P_ij (dP_ij − D_i)` instead of
+/// `Σ_j P_ij dP_ij`. The two agree when `out` is exact; for an `out` stored in f16/bf16 this is
+/// exactly what a FlashAttention backward computes from it (it reads the stored output), so it
+/// separates an implementation's own error from the effect of the output's rounding.
+pub fn backward_given_out(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    dout: &Tensor,
+    params: &AttentionParams,
+) -> Result<OracleGradients> {
+    let out = out.to_f64_vec()?;
+    gradients(q, k, v, dout, Some(&out), params, false)
+}
+
+/// The gradients (with `D` from `out` when given, see [`backward_given_out`]), or with
+/// `magnitudes` the sums of the absolute values of their terms.
+fn gradients(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    dout: &Tensor,
+    out: Option<&[f64]>,
+    params: &AttentionParams,
+    magnitudes: bool,
+) -> Result<OracleGradients> {
+    let a = |x: f64| if magnitudes { x.abs() } else { x };
     let x = Inputs::new(q, k, v, params)?;
     let p = &x.p;
     let (d, dv) = (p.head_dim, p.head_dim_v);
@@ -189,26 +237,37 @@ pub fn backward(
                     .map(|j| {
                         go.iter()
                             .zip(&x.v[vrow(j)..][..dv])
-                            .map(|(a, b)| a * b)
+                            .map(|(o, v)| a(*o) * a(*v))
                             .sum()
                     })
                     .collect();
-                let row_dot: f64 = (0..nk).map(|j| s[i * nk + j] * dp[j]).sum();
+                let row_dot: f64 = match out {
+                    Some(o) => go
+                        .iter()
+                        .zip(&o[(p.q_row(b, i) * p.heads_q + h) * dv..])
+                        .map(|(a, b)| a * b)
+                        .sum(),
+                    None => (0..nk).map(|j| s[i * nk + j] * dp[j]).sum(),
+                };
                 for j in 0..nk {
                     let pij = s[i * nk + j];
                     let krow = (p.k_row(b, j) * p.heads_kv + hk) * d;
                     dvv[vrow(j)..][..dv]
                         .iter_mut()
                         .zip(go)
-                        .for_each(|(g, o)| *g += pij * o);
-                    let ds = pij * (dp[j] - row_dot);
+                        .for_each(|(g, o)| *g += pij * a(*o));
+                    let ds = if magnitudes {
+                        pij * (dp[j] + row_dot)
+                    } else {
+                        pij * (dp[j] - row_dot)
+                    };
                     if let Some(db) = dbias.as_mut() {
                         db[x.bias_index(b, h, i, j)] += ds;
                     }
-                    let ds_raw = ds * dcap[i * nk + j] * scale;
+                    let ds_raw = a(ds * dcap[i * nk + j] * scale);
                     for c in 0..d {
-                        dq[qrow + c] += ds_raw * x.k[krow + c];
-                        dk[krow + c] += ds_raw * x.q[qrow + c];
+                        dq[qrow + c] += ds_raw * a(x.k[krow + c]);
+                        dk[krow + c] += ds_raw * a(x.q[qrow + c]);
                     }
                 }
             }
