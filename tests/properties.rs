@@ -61,7 +61,7 @@ fn arb_case() -> impl Strategy<Value = Case> {
 }
 
 proptest! {
-    #![proptest_config(config(160))]
+    #![proptest_config(config(512))]
 
     /// Forward: f32 within 1e-5 of the oracle, f16/bf16 within 2× the standard attention.
     #[test]
