@@ -8,7 +8,7 @@
 //!   runs where the tensors live (the CPU path is always available).
 //! * Options: scale, causal and sliding windows ([`Window`]), ALiBi, softcap, additive bias,
 //!   MQA/GQA, packed variable-length batches, head dims 1..=512 (V's may differ).
-//! * [`reference`] holds the f64 oracle and the "standard attention" baseline that the tests and
+//! * [`mod@reference`] holds the f64 oracle and the "standard attention" baseline that the tests and
 //!   benchmarks measure against.
 
 pub mod attention;
