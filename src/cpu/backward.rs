@@ -54,20 +54,34 @@ struct BackwardTiles {
     block_k: usize,
 }
 
-fn backward_tiles(_d: usize, _dv: usize) -> BackwardTiles {
-    BackwardTiles {
-        block_q: 64,
-        block_k: 64,
-    }
-}
+/// Tiles of the backward: 64 × 64 for every head dim (at d = 512 a key block's buffers take
+/// 640 KiB, still within L2).
+///
+/// The key block's packed `αKᵀ`, `Vᵀ`, `αK` and its dK/dV accumulators (5 · 64 · 64 floats at
+/// d = 64, 80 KiB) and a tile's S and dP (32 KiB) stay in L2. Measured f32, B=1 H=8 D=64, 2
+/// threads pinned on 2 cores of the device machine's Xeon (2026-11-22, a shared VM, ±15% between
+/// runs): 64×64 gave 98–128 GFLOP/s at N=4096 and 98 at N=1024; 128×64, 64×128, 128×128 and
+/// 32×64 were no better (89–117 and 74–99).
+const TILES: BackwardTiles = BackwardTiles {
+    block_q: 64,
+    block_k: 64,
+};
+
+/// The most memory the dQ partials may take beyond the first (a full-size f32 dQ): bounds the
+/// chunk count for long sequences on machines with many threads.
+const EXTRA_PARTIALS_BYTES: usize = 256 << 20;
 
 /// How many chunks the key blocks of each (sequence, key/value head) are split into: enough for
-/// about four tasks per thread, at most one chunk per key block.
+/// about two tasks per thread (tasks of one problem have equal work, and chunks interleave the
+/// key blocks so that a causal mask does not unbalance them), at most one chunk per key block,
+/// and no more than [`EXTRA_PARTIALS_BYTES`] of extra dQ partials.
 fn key_chunks(p: &Problem, block_k: usize) -> usize {
-    let target = 4 * rayon::current_num_threads();
+    let target = 2 * rayon::current_num_threads();
     let groups = (p.batch * p.heads_kv).max(1);
     let blocks = p.max_nk.div_ceil(block_k).max(1);
-    target.div_ceil(groups).clamp(1, blocks)
+    let partial_bytes = (p.total_q * p.heads_q * padded(p.head_dim) * 4).max(1);
+    let by_memory = 1 + EXTRA_PARTIALS_BYTES / partial_bytes;
+    target.div_ceil(groups).min(by_memory).clamp(1, blocks)
 }
 
 /// One task: key blocks `chunk, chunk + chunks, …` of sequence `b`, key/value head `hk`, and the
@@ -80,7 +94,7 @@ struct Task<'a> {
 }
 
 pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: Outputs<'_, T>) {
-    let tiles = backward_tiles(p.head_dim, p.head_dim_v);
+    let tiles = TILES;
     let delta = row_deltas(p, &x, l);
     let chunks = key_chunks(p, tiles.block_k);
     let row_len = p.group() * padded(p.head_dim);
