@@ -23,18 +23,21 @@ const EXP2_POLY: [f32; 7] = [
 /// Inputs are clamped to this range: `2^−127` has an all-zero exponent field, i.e. it is 0.
 const EXP2_MIN: f32 = -127.0;
 const EXP2_MAX: f32 = 127.0;
+/// `1.5 · 2^23 + 127`: floats in `[2^23, 2^24)` are integers, so for |x| ≤ 127 `x + ROUNDER` is
+/// `round(x) + 127` above `1.5 · 2^23`, i.e. `round(x) + 127` in its low mantissa bits.
+const ROUNDER: f32 = 12_582_912.0 + 127.0;
 
-/// `2^x` by the same polynomial as the vector kernels (for single values and tails).
+/// `2^x` by the same polynomial and rounding as the vector kernels (for single values and tails).
 #[inline(always)]
 pub(crate) fn exp2(x: f32) -> f32 {
     let x = x.clamp(EXP2_MIN, EXP2_MAX);
-    let n = x.round_ties_even();
-    let f = x - n;
+    let t = x + ROUNDER;
+    let f = x - (t - ROUNDER);
     let mut p = EXP2_POLY[6];
     for &c in EXP2_POLY[..6].iter().rev() {
         p = p * f + c;
     }
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    p * f32::from_bits(t.to_bits() << 23)
 }
 
 /// `x[j] = 2^(x[j] − shift)` for every `j`; returns the sum of the new values.
@@ -90,11 +93,7 @@ pub(crate) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; L
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{EXP2_MAX, EXP2_MIN, EXP2_POLY, LANES, exp2};
-
-    /// `1.5 · 2^23 + 127`: floats in `[2^23, 2^24)` are integers, so `x + ROUNDER` is
-    /// `round(x) + 127` above `1.5 · 2^23` (for |x| ≤ 127).
-    const ROUNDER: f32 = 12_582_912.0 + 127.0;
+    use super::{EXP2_MAX, EXP2_MIN, EXP2_POLY, LANES, ROUNDER, exp2};
 
     /// `2^x` on 8 lanes. Adding [`ROUNDER`] rounds `x` to an integer `n` and leaves `n + 127`
     /// in the low mantissa bits, which shifted into the exponent field give `2^n`.

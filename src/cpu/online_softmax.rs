@@ -12,7 +12,7 @@
 //! `−∞ − (−∞) = NaN`. Such a lane is shifted by 0 instead, so its (masked, −∞) scores become
 //! `2^−∞ = 0` and its sum stays 0; at the end it gives output 0 and log-sum-exp −∞.
 
-use super::exp::{LANES, exp2, exp2_shifted_panel};
+use super::exp::{LANES, exp2_shifted_panel};
 
 /// Running maximum (base 2) and sum of each query of a panel.
 #[derive(Clone, Copy, Debug)]
@@ -55,27 +55,22 @@ impl PanelSoftmax {
         acc: &mut [f32],
     ) {
         let tile_max = tile_max.unwrap_or_else(|| lane_max(scores));
+        let mut alpha = self.max;
         let mut shift = [0f32; LANES];
-        let mut alpha = [1f32; LANES];
         let mut moved = false;
         for l in 0..LANES {
             let m_new = self.max[l].max(tile_max[l]);
-            if m_new > self.max[l] {
-                if self.max[l] > f32::NEG_INFINITY {
-                    alpha[l] = exp2(self.max[l] - m_new);
-                    moved = true;
-                } else {
-                    // A first visible key: the lane's sum and accumulator are still 0.
-                    alpha[l] = 0.0;
-                }
-                self.max[l] = m_new;
-            }
+            // A lane's first visible key needs no rescale: its sum and accumulator are still 0.
+            moved |= m_new > self.max[l] && self.max[l] > f32::NEG_INFINITY;
+            self.max[l] = m_new;
             shift[l] = if m_new == f32::NEG_INFINITY {
                 0.0
             } else {
                 m_new
             };
         }
+        // alpha = 2^(m_old − m_new): 1 where the maximum stayed, 0 from m_old = −∞.
+        exp2_shifted_panel(&mut alpha, &shift);
         let tile_sum = exp2_shifted_panel(scores, &shift);
         for l in 0..LANES {
             self.sum[l] = self.sum[l] * alpha[l] + tile_sum[l];
