@@ -77,10 +77,13 @@ pub(crate) trait CpuElement: Element {
     fn wrap(v: Vec<Self>) -> CpuStorage;
     /// `x` itself when `Self` is `f32` (kernels then read it in place), `None` otherwise.
     fn as_f32_slice(x: &[Self]) -> Option<&[f32]>;
+    /// Widens `src` into `dst` (equal lengths) with the CPU's conversion instructions where the
+    /// `half` crate has them (F16C for f16, detected at run time).
+    fn widen_into(src: &[Self], dst: &mut [f32]);
 }
 
 macro_rules! cpu_element {
-    ($t:ty, $variant:ident, $as_f32:ident) => {
+    ($t:ty, $variant:ident, $as_f32:ident, $widen:ident) => {
         impl CpuElement for $t {
             fn slice(s: &CpuStorage) -> Option<&[Self]> {
                 match s {
@@ -100,6 +103,9 @@ macro_rules! cpu_element {
             fn as_f32_slice(x: &[Self]) -> Option<&[f32]> {
                 $as_f32(x)
             }
+            fn widen_into(src: &[Self], dst: &mut [f32]) {
+                $widen(src, dst)
+            }
         }
     };
 }
@@ -107,9 +113,20 @@ macro_rules! cpu_element {
 fn not_f32<T>(_: &[T]) -> Option<&[f32]> {
     None
 }
-cpu_element!(f32, F32, Some);
-cpu_element!(f16, F16, not_f32);
-cpu_element!(bf16, BF16, not_f32);
+/// The `widen_into` of f32: a copy.
+fn copy_f32(src: &[f32], dst: &mut [f32]) {
+    dst.copy_from_slice(src);
+}
+/// The `widen_into` of f16 and bf16: `half`'s slice conversion.
+fn widen_half<T>(src: &[T], dst: &mut [f32])
+where
+    [T]: half::slice::HalfFloatSliceExt,
+{
+    half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, dst);
+}
+cpu_element!(f32, F32, Some, copy_f32);
+cpu_element!(f16, F16, not_f32, widen_half);
+cpu_element!(bf16, BF16, not_f32, widen_half);
 
 /// The buffer behind a tensor.
 #[derive(Debug)]
