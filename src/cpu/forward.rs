@@ -263,12 +263,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                 None => {
                     for (l, i) in queries.clone().enumerate() {
                         let at = p.q_at(self.b, i, self.h);
-                        for (dst, x) in sc.rows[l * d..(l + 1) * d]
-                            .iter_mut()
-                            .zip(&self.x.q[at..at + d])
-                        {
-                            *dst = x.to_f32();
-                        }
+                        T::widen_into(&self.x.q[at..at + d], &mut sc.rows[l * d..(l + 1) * d]);
                     }
                     transpose(qt, LANES, &sc.rows, d, queries.len(), d);
                 }
@@ -299,13 +294,13 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                 },
             );
         }
-        kv.k.clear();
-        kv.v.clear();
-        for j in keys {
+        kv.k.resize(keys.len() * d, 0.0);
+        kv.v.resize(keys.len() * dv, 0.0);
+        for (r, j) in keys.enumerate() {
             let at = p.k_at(b, j, hk);
-            kv.k.extend(self.x.k[at..at + d].iter().map(|x| x.to_f32()));
+            T::widen_into(&self.x.k[at..at + d], &mut kv.k[r * d..(r + 1) * d]);
             let at = p.v_at(b, j, hk);
-            kv.v.extend(self.x.v[at..at + dv].iter().map(|x| x.to_f32()));
+            T::widen_into(&self.x.v[at..at + dv], &mut kv.v[r * dv..(r + 1) * dv]);
         }
         (
             KeyRows {
