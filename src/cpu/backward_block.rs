@@ -178,20 +178,19 @@ impl<T: CpuElement> BlockCtx<'_, T> {
         sc.vt.resize(dv * nc16, 0.0);
         sc.k.resize(nc16 * d16, 0.0);
         for (c, j) in keys.clone().enumerate() {
-            let at = p.k_at(b, j, hk);
-            for (o, x) in sc.k[c * d16..].iter_mut().zip(&self.x.k[at..at + d]) {
-                *o = x.to_f32() * self.alpha;
-            }
+            let (at, row) = (p.k_at(b, j, hk), &mut sc.k[c * d16..c * d16 + d]);
+            T::widen_into(&self.x.k[at..at + d], row);
+            row.iter_mut().for_each(|x| *x *= self.alpha);
         }
         transpose(&mut sc.kt, nc16, &sc.k, d16, nc, d);
         let at = p.v_at(b, keys.start, hk);
         match T::as_f32_slice(self.x.v) {
             Some(v) => transpose(&mut sc.vt, nc16, &v[at..], p.v.row, nc, dv),
             None => {
-                sc.v.clear();
-                for j in keys.clone() {
+                sc.v.resize(nc * dv, 0.0);
+                for (c, j) in keys.clone().enumerate() {
                     let at = p.v_at(b, j, hk);
-                    sc.v.extend(self.x.v[at..at + dv].iter().map(|x| x.to_f32()));
+                    T::widen_into(&self.x.v[at..at + dv], &mut sc.v[c * dv..(c + 1) * dv]);
                 }
                 transpose(&mut sc.vt, nc16, &sc.v, dv, nc, dv);
             }
@@ -281,9 +280,7 @@ impl<T: CpuElement> BlockCtx<'_, T> {
         buf.resize(rows.len() * dim16, 0.0);
         for (r, i) in rows.enumerate() {
             let at = p.query_at(layout, b, i, h);
-            for (o, x) in buf[r * dim16..].iter_mut().zip(&src[at..at + dim]) {
-                *o = x.to_f32();
-            }
+            T::widen_into(&src[at..at + dim], &mut buf[r * dim16..r * dim16 + dim]);
         }
         Strided {
             data: buf,
