@@ -38,7 +38,8 @@ fn awkward_sizes() {
 }
 
 /// Lengths that cross several key blocks (256 keys at D=64), causal and windowed, with the
-/// per-element options on the blocks that cross the mask boundary.
+/// per-element options on the blocks that cross the mask boundary; f32 K/V read in place and
+/// copied per block.
 #[test]
 fn across_key_blocks() {
     let cases = vec![
@@ -62,6 +63,8 @@ fn across_key_blocks() {
             .causal()
             .dtype(DType::F16)
             .layout(Layout::Bhnd),
+        // K/V rows 16·64 f32 = 4 KiB apart: f32 key blocks are copied, not read in place.
+        Case::new(270, 300, 64).heads(16, 16).causal(),
         Case::new(0, 0, 16).varlen(&[(130, 300), (0, 5), (70, 0), (257, 257)]),
         Case::new(0, 0, 64)
             .varlen(&[(200, 260), (1, 1), (65, 64)])
