@@ -1,0 +1,262 @@
+//! Configurations of `check` and `bench` and their random inputs.
+
+use flashattn::{AttentionParams, DType, Tensor, Window};
+use rand::{RngExt, SeedableRng, rngs::StdRng};
+
+use super::CliResult;
+use super::args::Layout;
+
+/// One attention configuration with random inputs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub batch: usize,
+    pub heads: usize,
+    pub heads_kv: usize,
+    pub nq: usize,
+    pub nk: usize,
+    pub d: usize,
+    pub dv: usize,
+    pub dtype: DType,
+    pub layout: Layout,
+    pub window: Window,
+    pub softcap: Option<f32>,
+    pub scale: Option<f32>,
+    pub alibi: bool,
+    pub bias: bool,
+    /// Per-sequence (query, key) lengths of a packed batch; `None`: padded.
+    pub varlen: Option<Vec<(usize, usize)>>,
+}
+
+impl Config {
+    /// `batch × n` queries and keys, `heads` heads of dim `d`, f32, no mask.
+    pub fn new(batch: usize, heads: usize, n: usize, d: usize) -> Self {
+        Config {
+            batch,
+            heads,
+            heads_kv: heads,
+            nq: n,
+            nk: n,
+            d,
+            dv: d,
+            dtype: DType::F32,
+            layout: Layout::Bnhd,
+            window: Window::FULL,
+            softcap: None,
+            scale: None,
+            alibi: false,
+            bias: false,
+            varlen: None,
+        }
+    }
+
+    pub fn kv_heads(mut self, hk: usize) -> Self {
+        self.heads_kv = hk;
+        self
+    }
+    pub fn seqlens(mut self, nq: usize, nk: usize) -> Self {
+        self.nq = nq;
+        self.nk = nk;
+        self
+    }
+    pub fn dtype(mut self, t: DType) -> Self {
+        self.dtype = t;
+        self
+    }
+    pub fn causal(mut self) -> Self {
+        self.window = Window::CAUSAL;
+        self
+    }
+    pub fn window(mut self, left: Option<usize>, right: Option<usize>) -> Self {
+        self.window = Window::new(left, right);
+        self
+    }
+    pub fn softcap(mut self, c: f32) -> Self {
+        self.softcap = Some(c);
+        self
+    }
+    pub fn alibi(mut self) -> Self {
+        self.alibi = true;
+        self
+    }
+    pub fn bias(mut self) -> Self {
+        self.bias = true;
+        self
+    }
+    pub fn layout(mut self, l: Layout) -> Self {
+        self.layout = l;
+        self
+    }
+    pub fn varlen(mut self, lens: &[(usize, usize)]) -> Self {
+        self.varlen = Some(lens.to_vec());
+        self
+    }
+
+    /// Whether the mask is causal (the window (∞, 0)).
+    pub fn is_causal(&self) -> bool {
+        self.window == Window::CAUSAL
+    }
+
+    /// A short description: `causal B=2 H=8 N=1000 D=64 f32`, with whatever else is set.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if self.is_causal() {
+            parts.push("causal".to_string());
+        } else if self.window != Window::FULL {
+            let side = |w: Option<usize>| w.map_or("inf".to_string(), |w| w.to_string());
+            parts.push(format!(
+                "window({},{})",
+                side(self.window.left),
+                side(self.window.right)
+            ));
+        }
+        match &self.varlen {
+            Some(lens) => {
+                let l: Vec<String> = lens
+                    .iter()
+                    .map(|(q, k)| {
+                        if q == k {
+                            q.to_string()
+                        } else {
+                            format!("{q}/{k}")
+                        }
+                    })
+                    .collect();
+                parts.push(format!("varlen[{}]", l.join(",")));
+            }
+            None => parts.push(format!("B={}", self.batch)),
+        }
+        if self.heads_kv == self.heads {
+            parts.push(format!("H={}", self.heads));
+        } else {
+            parts.push(format!("H={}/{}", self.heads, self.heads_kv));
+        }
+        if self.varlen.is_none() {
+            if self.nq == self.nk {
+                parts.push(format!("N={}", self.nq));
+            } else {
+                parts.push(format!("Nq={} Nk={}", self.nq, self.nk));
+            }
+        }
+        if self.d == self.dv {
+            parts.push(format!("D={}", self.d));
+        } else {
+            parts.push(format!("D={}/{}", self.d, self.dv));
+        }
+        parts.push(self.dtype.to_string());
+        if let Some(c) = self.softcap {
+            parts.push(format!("softcap={c}"));
+        }
+        if let Some(s) = self.scale {
+            parts.push(format!("scale={s}"));
+        }
+        if self.alibi {
+            parts.push("alibi".into());
+        }
+        if self.bias {
+            parts.push("bias".into());
+        }
+        if self.layout == Layout::Bhnd {
+            parts.push("bhnd".into());
+        }
+        parts.join(" ")
+    }
+
+    /// Random q, k, v, dout and the matching params, from `seed`.
+    pub fn inputs(&self, seed: u64) -> CliResult<Inputs> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let (qs, ks, vs, os, bq, bk, batch) = match &self.varlen {
+            None => (
+                vec![self.batch, self.nq, self.heads, self.d],
+                vec![self.batch, self.nk, self.heads_kv, self.d],
+                vec![self.batch, self.nk, self.heads_kv, self.dv],
+                vec![self.batch, self.nq, self.heads, self.dv],
+                self.nq,
+                self.nk,
+                self.batch,
+            ),
+            Some(lens) => {
+                let tq = lens.iter().map(|l| l.0).sum();
+                let tk = lens.iter().map(|l| l.1).sum();
+                (
+                    vec![tq, self.heads, self.d],
+                    vec![tk, self.heads_kv, self.d],
+                    vec![tk, self.heads_kv, self.dv],
+                    vec![tq, self.heads, self.dv],
+                    lens.iter().map(|l| l.0).max().unwrap_or(0),
+                    lens.iter().map(|l| l.1).max().unwrap_or(0),
+                    lens.len(),
+                )
+            }
+        };
+        let q = random_tensor(&mut rng, &qs, self.dtype, self.layout)?;
+        let k = random_tensor(&mut rng, &ks, self.dtype, self.layout)?;
+        let v = random_tensor(&mut rng, &vs, self.dtype, self.layout)?;
+        let dout = random_tensor(&mut rng, &os, self.dtype, self.layout)?;
+        let mut p = AttentionParams {
+            scale: self.scale,
+            window: self.window,
+            softcap: self.softcap,
+            ..Default::default()
+        };
+        if self.alibi {
+            let s: Vec<f32> = (0..self.heads)
+                .map(|_| rng.random_range(0.01f32..0.3))
+                .collect();
+            p.alibi_slopes = Some(Tensor::from_vec(s, &[self.heads])?);
+        }
+        if self.bias {
+            let shape = [batch, self.heads, bq, bk];
+            let b = Tensor::from_vec(uniform(&mut rng, shape.iter().product(), 1.0), &shape)?;
+            p.bias = Some(b.to_dtype(self.dtype)?);
+        }
+        if let Some(lens) = &self.varlen {
+            let cu = |f: fn(&(usize, usize)) -> usize| {
+                let mut c = vec![0i32];
+                for l in lens {
+                    c.push(c[c.len() - 1] + f(l) as i32);
+                }
+                c
+            };
+            p = p.varlen(cu(|l| l.0), cu(|l| l.1));
+        }
+        Ok(Inputs { q, k, v, dout, p })
+    }
+}
+
+/// The tensors and params of one configuration.
+#[derive(Clone)]
+pub struct Inputs {
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
+    pub dout: Tensor,
+    pub p: AttentionParams,
+}
+
+/// `n` values uniform in `(-amplitude, amplitude)`.
+fn uniform(rng: &mut StdRng, n: usize, amplitude: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| rng.random_range(-amplitude..amplitude))
+        .collect()
+}
+
+/// A random tensor of logical shape `[.., seqlen, heads, dim]` stored in `layout`.
+fn random_tensor(
+    rng: &mut StdRng,
+    shape: &[usize],
+    dtype: DType,
+    layout: Layout,
+) -> CliResult<Tensor> {
+    let data = uniform(rng, shape.iter().product(), 1.7);
+    let r = shape.len();
+    Ok(match layout {
+        Layout::Bnhd => Tensor::from_vec(data, shape)?.to_dtype(dtype)?,
+        Layout::Bhnd => {
+            let mut stored = shape.to_vec();
+            stored.swap(r - 3, r - 2);
+            Tensor::from_vec(data, &stored)?
+                .to_dtype(dtype)?
+                .transpose(r - 3, r - 2)?
+        }
+    })
+}
