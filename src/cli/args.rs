@@ -1,12 +1,19 @@
 //! The command line, declared with clap's derive API.
 
+use std::path::PathBuf;
+
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use flashattn::{DType, Device, Window};
+use flashattn::{AttentionParams, DType, Device, Window};
+
+use super::{CliResult, fail};
 
 const EXAMPLES: &str = "\
 Examples:
   flashattn check                                  # the default set, forward and backward, in a few seconds
+  flashattn check --bench                          # the same, then a short benchmark
   flashattn check --seqlen 1000 --causal --dtype f32,bf16
+  flashattn bench --seqlens 512,1024,2048,4096 --causal both --plot speed.png --json speed.json
+  flashattn run --input qkv.safetensors --output out.safetensors --causal
 
 Exit status: 0 success, 1 a check failed, 2 bad usage or bad input.";
 
@@ -21,6 +28,35 @@ Examples:
 Bounds (the test suite's): f32 relative error <= 1e-5; f16/bf16 within 2x the error of the
 standard attention computed in the same precision. Gradient errors are relative to the magnitude
 of the terms each gradient sums. Exit status 1 when any configuration is out of bounds.";
+
+const BENCH_EXAMPLES: &str = "\
+Examples:
+  flashattn bench                                            # f32 forward, N = 512..4096, causal and not
+  flashattn bench --seqlens 1024,4096,16384 --causal yes --pass both
+  flashattn bench --dtype bf16 --head-dims 64,128 --plot docs/bench.png --json bench.json
+  flashattn bench --device cuda --seqlens 1024,8192 --dtype bf16
+
+Times are the fastest of --repeats runs after one untimed run. Extra memory is the peak of heap
+bytes allocated during the call beyond its inputs and outputs (a counting allocator). The
+standard attention is skipped, with a note, where its score matrix would not fit in the memory
+available (MemAvailable in /proc/meminfo).";
+
+const RUN_EXAMPLES: &str = "\
+Examples:
+  flashattn run --input qkv.safetensors --output out.safetensors
+  flashattn run --input qkv.npz --output out.npz --causal --window-left 256
+  flashattn run --input packed.safetensors --output grads.safetensors --layout bhnd --softcap 30
+
+Input tensors (by name): q, k, v [batch, seqlen, heads, head_dim] (f32, f16 or bf16; with
+--layout bhnd stored as [batch, heads, seqlen, head_dim]); optional alibi_slopes [heads] or
+[batch, heads] (f32); bias, 4 dimensions broadcastable to [batch, heads, seqlen_q, seqlen_k];
+cu_seqlens_q and cu_seqlens_k (int32) for packed [total, heads, head_dim] input; dout (shaped
+like q): when present the backward runs too.
+Output tensors: out (shape and dtype of q), lse [batch, heads, seqlen_q] f32 ([heads, total_q]
+with varlen); with dout: dq, dk, dv (and dbias with a bias).
+Files: .safetensors (every dtype) or .npz (numpy's savez/savez_compressed; f32, f16 and int32:
+numpy has no bfloat16). A .npy file holds a single array, so it cannot carry q, k and v.
+The output is written to a temporary file beside OUT and renamed, so OUT is never half-written.";
 
 /// Exact attention by FlashAttention: check it, benchmark it, run it on tensor files.
 #[derive(Parser, Debug)]
@@ -37,6 +73,12 @@ pub enum Command {
     /// Check configurations against the f64 oracle, forward and backward: one PASS/FAIL line each.
     #[command(after_help = CHECK_EXAMPLES)]
     Check(CheckArgs),
+    /// Time flashattn and the standard (materializing) attention side by side.
+    #[command(after_help = BENCH_EXAMPLES)]
+    Bench(BenchArgs),
+    /// Run attention on tensors read from a .safetensors or .npz file and write the results.
+    #[command(after_help = RUN_EXAMPLES)]
+    Run(RunArgs),
 }
 
 /// Parses `cpu`, `cuda` or `cuda:N`.
@@ -85,6 +127,16 @@ impl MaskArgs {
             self.window_right
         };
         Window::new(self.window_left, right)
+    }
+
+    /// Parameters with these options and nothing else.
+    pub fn params(&self) -> AttentionParams {
+        AttentionParams {
+            scale: self.scale,
+            window: self.window(),
+            softcap: self.softcap,
+            ..Default::default()
+        }
     }
 
     /// True when any option was given.
@@ -158,6 +210,9 @@ pub struct CheckArgs {
     /// Seed of the random inputs (each configuration adds its index).
     #[arg(long, default_value_t = 2026)]
     pub seed: u64,
+    /// After the checks, run a short benchmark (f32 forward, N = 512..2048, causal and not).
+    #[arg(long)]
+    pub bench: bool,
 }
 
 impl CheckArgs {
@@ -176,4 +231,135 @@ impl CheckArgs {
             || self.layout != Layout::Bnhd
             || self.mask.any()
     }
+}
+
+/// Which masks `bench` sweeps.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CausalChoice {
+    /// Full attention only.
+    No,
+    /// Causal only.
+    Yes,
+    /// Both.
+    Both,
+}
+
+/// Which passes `bench` times.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PassChoice {
+    /// The forward pass.
+    Forward,
+    /// The backward pass (the forward that produces its inputs is not timed).
+    Backward,
+    /// Both.
+    Both,
+}
+
+/// Options of `flashattn bench`.
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Where flashattn runs: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    pub device: Device,
+    /// Sequence lengths (queries = keys), comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "512,1024,2048,4096")]
+    pub seqlens: Vec<usize>,
+    /// Head dimensions, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "64")]
+    pub head_dims: Vec<usize>,
+    /// Causal, full attention, or both.
+    #[arg(long, value_enum, default_value = "both")]
+    pub causal: CausalChoice,
+    /// dtypes, comma separated.
+    #[arg(long, value_delimiter = ',', value_parser = parse_dtype, default_value = "f32")]
+    pub dtype: Vec<DType>,
+    /// Which passes to time.
+    #[arg(long, value_enum, default_value = "forward")]
+    pub pass: PassChoice,
+    /// Batch size.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Query heads.
+    #[arg(long, default_value_t = 8)]
+    pub heads: usize,
+    /// Key/value heads (default: --heads).
+    #[arg(long)]
+    pub heads_kv: Option<usize>,
+    /// Timed runs per measurement (the fastest is reported), after one untimed run.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeats: u32,
+    /// Do not run the standard attention.
+    #[arg(long)]
+    pub no_standard: bool,
+    /// Write a chart of speed and memory against sequence length (.png or .svg).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+    /// Write every figure as JSON (one object per configuration and method).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 2026)]
+    pub seed: u64,
+}
+
+impl BenchArgs {
+    /// The short benchmark of `check --bench`.
+    pub fn short(device: Device) -> Self {
+        BenchArgs {
+            device,
+            seqlens: vec![512, 1024, 2048],
+            head_dims: vec![64],
+            causal: CausalChoice::Both,
+            dtype: vec![DType::F32],
+            pass: PassChoice::Forward,
+            batch: 1,
+            heads: 8,
+            heads_kv: None,
+            repeats: 3,
+            no_standard: false,
+            plot: None,
+            json: None,
+            seed: 2026,
+        }
+    }
+
+    /// Rejects empty lists and sizes of 0 before anything runs.
+    pub fn validate(&self) -> CliResult<()> {
+        let positive = |name: &str, v: &[usize]| -> CliResult<()> {
+            if v.is_empty() || v.contains(&0) {
+                return Err(fail(format!(
+                    "--{name}: expected a comma-separated list of sizes >= 1, got {v:?}"
+                )));
+            }
+            Ok(())
+        };
+        positive("seqlens", &self.seqlens)?;
+        positive("head-dims", &self.head_dims)?;
+        positive("batch", &[self.batch])?;
+        positive("heads", &[self.heads])?;
+        if let Some(hk) = self.heads_kv {
+            positive("heads-kv", &[hk])?;
+        }
+        Ok(())
+    }
+}
+
+/// Options of `flashattn run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Input tensors: .safetensors or .npz.
+    #[arg(long, value_name = "IN")]
+    pub input: PathBuf,
+    /// Output file: .safetensors or .npz (written atomically).
+    #[arg(long, value_name = "OUT")]
+    pub output: PathBuf,
+    /// Mask and score options.
+    #[command(flatten)]
+    pub mask: MaskArgs,
+    /// Where to compute: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    pub device: Device,
+    /// How q, k, v (and dout, out, gradients) are stored in the files.
+    #[arg(long, value_enum, default_value_t)]
+    pub layout: Layout,
 }

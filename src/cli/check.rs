@@ -5,9 +5,9 @@ use std::time::Instant;
 use flashattn::{DType, Error};
 
 use super::accuracy::{self, BackwardCheck, ForwardCheck};
-use super::args::CheckArgs;
+use super::args::{BenchArgs, CheckArgs};
 use super::inputs::Config;
-use super::{CliError, CliResult, device, fail};
+use super::{CliError, CliResult, bench, device, fail};
 
 const ALL_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
@@ -182,5 +182,12 @@ pub fn run(a: &CheckArgs) -> CliResult<bool> {
         "check: {passed} passed, {failed} failed{skip_note} ({:.1} s)",
         start.elapsed().as_secs_f64()
     );
-    Ok(failed == 0)
+    if failed > 0 {
+        return Ok(false);
+    }
+    if a.bench {
+        println!();
+        bench::run(&BenchArgs::short(a.device))?;
+    }
+    Ok(true)
 }

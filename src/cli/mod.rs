@@ -6,9 +6,18 @@
 
 mod accuracy;
 mod args;
+mod bench;
 mod check;
 mod device;
 mod inputs;
+mod json;
+mod memory;
+mod npy;
+mod output;
+mod plot;
+mod run;
+mod table;
+mod tensor_files;
 
 use std::process::ExitCode;
 
@@ -58,6 +67,8 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Check(a) => check::run(&a),
+        Command::Bench(a) => bench::run(&a).map(|()| true),
+        Command::Run(a) => run::run(&a).map(|()| true),
     };
     match outcome {
         Ok(true) => ExitCode::SUCCESS,

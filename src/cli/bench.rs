@@ -1,0 +1,311 @@
+//! `flashattn bench`: sweeps sizes and times flashattn next to the standard (materializing)
+//! attention, with a progress bar, a table, and optional chart and JSON.
+
+use std::time::Instant;
+
+use flashattn::problem::Problem;
+use flashattn::reference::standard;
+use flashattn::{Device, Tensor};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::args::{BenchArgs, CausalChoice, PassChoice};
+use super::inputs::{Config, Inputs};
+use super::memory::{self, human};
+use super::table::Table;
+use super::{CliResult, device, fail, json, output, plot};
+
+/// Forward or backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    Forward,
+    Backward,
+}
+
+impl Pass {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pass::Forward => "forward",
+            Pass::Backward => "backward",
+        }
+    }
+}
+
+/// The backward's FLOPs per forward FLOP, by the usual count.
+const BACKWARD_FLOP_FACTOR: f64 = 2.5;
+
+/// Fraction of the available memory the standard attention may plan to use.
+const MEMORY_HEADROOM: f64 = 0.8;
+
+/// One method's figures.
+#[derive(Clone, Copy, Debug)]
+pub struct Measurement {
+    /// Fastest run, milliseconds.
+    pub time_ms: f64,
+    /// FLOP rate of the fastest run, GFLOP/s.
+    pub gflops: f64,
+    /// Peak heap bytes beyond inputs and outputs.
+    pub extra_bytes: u64,
+}
+
+/// The standard attention's figures, or why it did not run.
+#[derive(Clone, Debug)]
+pub enum StandardOutcome {
+    Ran(Measurement),
+    Skipped(String),
+}
+
+/// One configuration of the sweep and both methods' figures.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub pass: Pass,
+    pub config: Config,
+    /// Where flashattn ran.
+    pub device: Device,
+    pub flash: Measurement,
+    /// Where the standard attention ran.
+    pub standard_device: Device,
+    pub standard: StandardOutcome,
+}
+
+/// The configurations of the sweep, in table order.
+fn configs(a: &BenchArgs) -> Vec<(Pass, Config)> {
+    let causal: &[bool] = match a.causal {
+        CausalChoice::No => &[false],
+        CausalChoice::Yes => &[true],
+        CausalChoice::Both => &[false, true],
+    };
+    let passes: &[Pass] = match a.pass {
+        PassChoice::Forward => &[Pass::Forward],
+        PassChoice::Backward => &[Pass::Backward],
+        PassChoice::Both => &[Pass::Forward, Pass::Backward],
+    };
+    let mut out = Vec::new();
+    for &t in &a.dtype {
+        for &d in &a.head_dims {
+            for &c in causal {
+                for &pass in passes {
+                    for &n in &a.seqlens {
+                        let mut cfg = Config::new(a.batch, a.heads, n, d)
+                            .kv_heads(a.heads_kv.unwrap_or(a.heads))
+                            .dtype(t);
+                        if c {
+                            cfg = cfg.causal();
+                        }
+                        out.push((pass, cfg));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn bytes_of(ts: &[&Tensor]) -> u64 {
+    ts.iter()
+        .map(|t| (t.numel() * t.dtype().size_in_bytes()) as u64)
+        .sum()
+}
+
+/// Times `call` (one untimed run, then `repeats` timed ones, the fastest kept) and records the
+/// largest peak of heap bytes beyond what its results hold.
+fn measure(
+    repeats: u32,
+    flops: f64,
+    mut call: impl FnMut() -> CliResult<Vec<Tensor>>,
+) -> CliResult<Measurement> {
+    drop(call()?);
+    let (mut best, mut extra) = (f64::INFINITY, 0u64);
+    for _ in 0..repeats {
+        let start = Instant::now();
+        let (outs, peak) = memory::peak_during(&mut call);
+        let secs = start.elapsed().as_secs_f64();
+        let outs = outs?;
+        best = best.min(secs);
+        let held = bytes_of(&outs.iter().collect::<Vec<_>>());
+        extra = extra.max((peak as u64).saturating_sub(held));
+    }
+    Ok(Measurement {
+        time_ms: best * 1e3,
+        gflops: flops / best / 1e9,
+        extra_bytes: extra,
+    })
+}
+
+fn forward_flops(x: &Inputs, pass: Pass) -> CliResult<(Problem, f64)> {
+    let p = Problem::new(&x.q, &x.k, &x.v, &x.p)?;
+    let f = p.forward_flops();
+    let f = match pass {
+        Pass::Forward => f,
+        Pass::Backward => f * BACKWARD_FLOP_FACTOR,
+    };
+    Ok((p, f))
+}
+
+fn run_flash(x: &Inputs, pass: Pass, dev: Device, repeats: u32) -> CliResult<Measurement> {
+    let (_, flops) = forward_flops(x, pass)?;
+    let on = device::upload(x, dev)?;
+    match pass {
+        Pass::Forward => measure(repeats, flops, || {
+            let r = flashattn::forward(&on.q, &on.k, &on.v, &on.p)?;
+            Ok(vec![r.out, r.lse])
+        }),
+        Pass::Backward => {
+            let f = flashattn::forward(&on.q, &on.k, &on.v, &on.p)?;
+            measure(repeats, flops, || {
+                let g = flashattn::backward(&on.q, &on.k, &on.v, &f.out, &f.lse, &on.dout, &on.p)?;
+                Ok([g.dq, g.dk, g.dv].into_iter().chain(g.dbias).collect())
+            })
+        }
+    }
+}
+
+fn run_standard(x: &Inputs, pass: Pass, repeats: u32, skip: bool) -> CliResult<StandardOutcome> {
+    if skip {
+        return Ok(StandardOutcome::Skipped("not run (--no-standard)".into()));
+    }
+    let (p, flops) = forward_flops(x, pass)?;
+    let need = match pass {
+        Pass::Forward => standard::forward_extra_memory_bytes(&p),
+        Pass::Backward => standard::backward_extra_memory_bytes(&p),
+    } as u64;
+    if let Some(avail) = memory::available_bytes()
+        && need as f64 > avail as f64 * MEMORY_HEADROOM
+    {
+        return Ok(StandardOutcome::Skipped(format!(
+            "its score matrices would need {}, more than {:.0}% of the {} available",
+            human(need),
+            MEMORY_HEADROOM * 100.0,
+            human(avail)
+        )));
+    }
+    let m = match pass {
+        Pass::Forward => measure(repeats, flops, || {
+            let r = standard::forward(&x.q, &x.k, &x.v, &x.p)?;
+            Ok(vec![r.out, r.lse])
+        })?,
+        Pass::Backward => {
+            let f = flashattn::forward(&x.q, &x.k, &x.v, &x.p)?;
+            measure(repeats, flops, || {
+                let g = standard::backward(&x.q, &x.k, &x.v, &f.out, &f.lse, &x.dout, &x.p)?;
+                Ok([g.dq, g.dk, g.dv].into_iter().chain(g.dbias).collect())
+            })?
+        }
+    };
+    Ok(StandardOutcome::Ran(m))
+}
+
+/// Runs the sweep; prints the table and writes the chart and JSON asked for.
+pub fn run(a: &BenchArgs) -> CliResult<()> {
+    a.validate()?;
+    device::ensure_available(a.device)?;
+    for path in [&a.plot, &a.json].into_iter().flatten() {
+        output::check_writable(path)?;
+    }
+    if let Some(p) = &a.plot {
+        plot::check_extension(p)?;
+    }
+    let configs = configs(a);
+    let bar = ProgressBar::new(configs.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+            .map_err(|e| fail(format!("progress bar template: {e}")))?,
+    );
+    let mut rows = Vec::new();
+    for (i, (pass, cfg)) in configs.iter().enumerate() {
+        bar.set_message(format!("{} {}", pass.name(), cfg.describe()));
+        let x = cfg.inputs(a.seed + i as u64)?;
+        let flash = run_flash(&x, *pass, a.device, a.repeats)?;
+        let standard = run_standard(&x, *pass, a.repeats, a.no_standard)?;
+        rows.push(Row {
+            pass: *pass,
+            config: cfg.clone(),
+            device: a.device,
+            flash,
+            standard_device: Device::Cpu,
+            standard,
+        });
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    print!("{}", render(&rows, a));
+    if let Some(path) = &a.json {
+        json::write(path, &rows)?;
+        println!("wrote {}", path.display());
+    }
+    if let Some(path) = &a.plot {
+        plot::write(path, &rows)?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// The FLOP rate in the table's unit for runs on `device` (GFLOP/s on the CPU, TFLOP/s on a GPU).
+fn rate(m: &Measurement, device: Device) -> String {
+    match device {
+        Device::Cpu => format!("{:.1}", m.gflops),
+        Device::Cuda(_) => format!("{:.1}", m.gflops / 1e3),
+    }
+}
+
+/// The table and the notes under it.
+fn render(rows: &[Row], a: &BenchArgs) -> String {
+    let unit = match a.device {
+        Device::Cpu => "GFLOP/s",
+        Device::Cuda(_) => "TFLOP/s",
+    };
+    let mut t = Table::new(&[
+        "pass", "mask", "dtype", "B", "H", "N", "D", "flash ms", unit, "extra", "std ms", unit,
+        "extra", "speedup", "memory",
+    ]);
+    let mut notes = Vec::new();
+    for r in rows {
+        let c = &r.config;
+        let mut cells = vec![
+            r.pass.name().to_string(),
+            if c.is_causal() { "causal" } else { "full" }.to_string(),
+            c.dtype.to_string(),
+            c.batch.to_string(),
+            if c.heads == c.heads_kv {
+                c.heads.to_string()
+            } else {
+                format!("{}/{}", c.heads, c.heads_kv)
+            },
+            c.nq.to_string(),
+            c.d.to_string(),
+            format!("{:.2}", r.flash.time_ms),
+            rate(&r.flash, r.device),
+            human(r.flash.extra_bytes),
+        ];
+        match &r.standard {
+            StandardOutcome::Ran(s) => cells.extend([
+                format!("{:.2}", s.time_ms),
+                rate(s, a.device),
+                human(s.extra_bytes),
+                format!("{:.2}x", s.time_ms / r.flash.time_ms),
+                format!(
+                    "{:.0}x",
+                    s.extra_bytes as f64 / r.flash.extra_bytes.max(1) as f64
+                ),
+            ]),
+            StandardOutcome::Skipped(why) => {
+                cells.extend(["skipped".to_string(), "-".into(), "-".into()]);
+                notes.push(format!(
+                    "standard attention skipped at {} {}: {why}",
+                    r.pass.name(),
+                    c.describe()
+                ));
+            }
+        }
+        t.push(cells);
+    }
+    let mut out = format!(
+        "flashattn bench on {}: fastest of {} runs; extra = peak heap beyond inputs and outputs; \
+         speedup = standard time / flashattn time; memory = standard extra / flashattn extra\n",
+        a.device, a.repeats
+    );
+    out += &t.render();
+    for n in notes {
+        out += &format!("note: {n}\n");
+    }
+    out
+}

@@ -1,0 +1,81 @@
+//! `bench --json`: every figure, one object per configuration and method.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::bench::{Measurement, Row, StandardOutcome};
+use super::output::write_bytes_atomic;
+use super::{CliResult, fail};
+
+/// One configuration and method.
+#[derive(Serialize)]
+struct Record {
+    /// `flashattn` or `standard`.
+    method: &'static str,
+    device: String,
+    dtype: &'static str,
+    /// `forward` or `backward`.
+    pass: &'static str,
+    batch: usize,
+    heads: usize,
+    heads_kv: usize,
+    seqlen_q: usize,
+    seqlen_k: usize,
+    head_dim: usize,
+    causal: bool,
+    /// Fastest run; `null` when skipped.
+    time_ms: Option<f64>,
+    /// FLOP rate of the fastest run in GFLOP/s; `null` when skipped.
+    gflops: Option<f64>,
+    /// Peak heap bytes beyond inputs and outputs; `null` when skipped.
+    extra_memory_bytes: Option<u64>,
+    /// Why the method did not run, when it did not.
+    skipped: Option<String>,
+}
+
+fn record(r: &Row, method: &'static str, device: String, m: Option<&Measurement>) -> Record {
+    let c = &r.config;
+    Record {
+        method,
+        device,
+        dtype: c.dtype.name(),
+        pass: r.pass.name(),
+        batch: c.batch,
+        heads: c.heads,
+        heads_kv: c.heads_kv,
+        seqlen_q: c.nq,
+        seqlen_k: c.nk,
+        head_dim: c.d,
+        causal: c.is_causal(),
+        time_ms: m.map(|m| m.time_ms),
+        gflops: m.map(|m| m.gflops),
+        extra_memory_bytes: m.map(|m| m.extra_bytes),
+        skipped: None,
+    }
+}
+
+/// The records of `rows` as a JSON array.
+pub fn to_json(rows: &[Row]) -> CliResult<String> {
+    let mut records = Vec::new();
+    for r in rows {
+        records.push(record(r, "flashattn", r.device.to_string(), Some(&r.flash)));
+        let std_device = r.standard_device.to_string();
+        match &r.standard {
+            StandardOutcome::Ran(m) => records.push(record(r, "standard", std_device, Some(m))),
+            StandardOutcome::Skipped(why) => {
+                let mut rec = record(r, "standard", std_device, None);
+                rec.skipped = Some(why.clone());
+                records.push(rec);
+            }
+        }
+    }
+    serde_json::to_string_pretty(&records).map_err(|e| fail(format!("json: {e}")))
+}
+
+/// Writes the records of `rows` to `path` (atomically).
+pub fn write(path: &Path, rows: &[Row]) -> CliResult<()> {
+    let mut text = to_json(rows)?;
+    text.push('\n');
+    write_bytes_atomic(path, text.as_bytes())
+}

@@ -1,0 +1,267 @@
+//! `bench --plot`: speed and extra memory against sequence length, flashattn (solid lines) and
+//! the standard attention (dashed), as PNG or SVG. Text is drawn with DejaVu Sans, embedded in the
+//! binary (`assets/fonts/`, with its license), so no system font is needed.
+
+use std::path::Path;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::{FontStyle, register_font};
+
+use super::bench::{Measurement, Row, StandardOutcome};
+use super::output::write_bytes_atomic;
+use super::{CliResult, fail};
+
+const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+const SIZE: (u32, u32) = (1400, 620);
+const MIB: f64 = 1024.0 * 1024.0;
+/// Memory below this (MiB) is drawn at this value: a log axis has no 0.
+const MEMORY_FLOOR_MIB: f64 = 1e-3;
+const COLORS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(255, 127, 14),
+    RGBColor(23, 190, 207),
+];
+
+/// The output format, from the file name.
+enum Format {
+    Png,
+    Svg,
+}
+
+fn format_of(path: &Path) -> CliResult<Format> {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some(e) if e.eq_ignore_ascii_case("png") => Ok(Format::Png),
+        Some(e) if e.eq_ignore_ascii_case("svg") => Ok(Format::Svg),
+        _ => Err(fail(format!(
+            "--plot {}: expected a file name ending in .png or .svg",
+            path.display()
+        ))),
+    }
+}
+
+/// Checks the chart's file name before the sweep runs.
+pub fn check_extension(path: &Path) -> CliResult<()> {
+    format_of(path).map(drop)
+}
+
+/// One line of the chart: a method on one (pass, dtype, head dim, mask) over sequence lengths.
+struct Series {
+    label: String,
+    color: RGBColor,
+    dashed: bool,
+    /// (seqlen, GFLOP/s, extra MiB).
+    points: Vec<(f64, f64, f64)>,
+}
+
+fn series(rows: &[Row]) -> Vec<Series> {
+    let mut groups: Vec<(String, Vec<&Row>)> = Vec::new();
+    for r in rows {
+        let c = &r.config;
+        let key = format!(
+            "{} {} D={} {}",
+            r.pass.name(),
+            if c.is_causal() { "causal" } else { "full" },
+            c.d,
+            c.dtype
+        );
+        match groups.iter_mut().find(|g| g.0 == key) {
+            Some(g) => g.1.push(r),
+            None => groups.push((key, vec![r])),
+        }
+    }
+    let point = |r: &Row, m: &Measurement| {
+        (
+            r.config.nq as f64,
+            m.gflops,
+            (m.extra_bytes as f64 / MIB).max(MEMORY_FLOOR_MIB),
+        )
+    };
+    let mut out = Vec::new();
+    for (i, (key, rs)) in groups.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        out.push(Series {
+            label: format!("flashattn {key}"),
+            color,
+            dashed: false,
+            points: rs.iter().map(|r| point(r, &r.flash)).collect(),
+        });
+        let std_points: Vec<_> = rs
+            .iter()
+            .filter_map(|r| match &r.standard {
+                StandardOutcome::Ran(m) => Some(point(r, m)),
+                StandardOutcome::Skipped(_) => None,
+            })
+            .collect();
+        if !std_points.is_empty() {
+            out.push(Series {
+                label: format!("standard {key}"),
+                color,
+                dashed: true,
+                points: std_points,
+            });
+        }
+    }
+    out
+}
+
+type DrawResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Draws one panel: `value` of each point against sequence length.
+fn panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    all: &[Series],
+    title: &str,
+    y_desc: &str,
+    log_y: bool,
+    value: fn(&(f64, f64, f64)) -> f64,
+    legend: bool,
+) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    let xs = all.iter().flat_map(|s| s.points.iter().map(|p| p.0));
+    let (xmin, xmax) = xs.fold((f64::INFINITY, 0f64), |(a, b), x| (a.min(x), b.max(x)));
+    let ys = all.iter().flat_map(|s| s.points.iter().map(value));
+    let (ymin, ymax) = ys.fold((f64::INFINITY, 0f64), |(a, b), y| (a.min(y), b.max(y)));
+    let mut ticks: Vec<f64> = all
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .collect();
+    ticks.sort_by(f64::total_cmp);
+    ticks.dedup();
+    let x_range = ((xmin / 1.3)..(xmax * 1.3))
+        .log_scale()
+        .with_key_points(ticks);
+    let mut builder = ChartBuilder::on(area);
+    builder
+        .caption(title, ("sans-serif", 24))
+        .margin(16)
+        .x_label_area_size(50)
+        .y_label_area_size(80);
+    let style = |s: &Series| ShapeStyle::from(&s.color).stroke_width(2);
+    macro_rules! draw_series {
+        ($chart:expr) => {{
+            let chart = &mut $chart;
+            chart
+                .configure_mesh()
+                .x_desc("sequence length (queries = keys)")
+                .y_desc(y_desc)
+                .label_style(("sans-serif", 16))
+                .axis_desc_style(("sans-serif", 18))
+                .x_label_formatter(&|x| format!("{x:.0}"))
+                .y_label_formatter(&|y| {
+                    if *y >= 10.0 {
+                        format!("{y:.0}")
+                    } else {
+                        format!("{y}")
+                    }
+                })
+                .draw()?;
+            for s in all {
+                let pts: Vec<(f64, f64)> = s.points.iter().map(|p| (p.0, value(p))).collect();
+                let legend_style = style(s);
+                if s.dashed {
+                    chart.draw_series(DashedLineSeries::new(pts.clone(), 10, 6, style(s)))?;
+                } else {
+                    chart.draw_series(LineSeries::new(pts.clone(), style(s)))?;
+                }
+                let dashed = s.dashed;
+                chart
+                    .draw_series(pts.iter().map(|&p| Circle::new(p, 4, style(s).filled())))?
+                    .label(s.label.clone())
+                    .legend(move |(x, y)| {
+                        let len = if dashed { 10 } else { 24 };
+                        PathElement::new(vec![(x, y), (x + len, y)], legend_style)
+                    });
+            }
+            if legend {
+                chart
+                    .configure_series_labels()
+                    .position(SeriesLabelPosition::UpperLeft)
+                    .label_font(("sans-serif", 15))
+                    .background_style(WHITE.mix(0.85))
+                    .border_style(BLACK)
+                    .draw()?;
+            }
+        }};
+    }
+    if log_y {
+        let mut chart =
+            builder.build_cartesian_2d(x_range, ((ymin / 3.0)..(ymax * 30.0)).log_scale())?;
+        draw_series!(chart);
+    } else {
+        let mut chart = builder.build_cartesian_2d(x_range, 0.0..ymax * 1.15)?;
+        draw_series!(chart);
+    }
+    Ok(())
+}
+
+fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, rows: &[Row]) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE)?;
+    let first = &rows[0];
+    let title = format!(
+        "flashattn (solid) vs standard attention (dashed) on {}, B={} H={}",
+        first.device, first.config.batch, first.config.heads
+    );
+    let (top, body) = root.split_vertically(44);
+    top.titled(&title, ("sans-serif", 26))?;
+    let (left, right) = body.split_horizontally(SIZE.0 / 2);
+    let all = series(rows);
+    panel(&left, &all, "Speed", "GFLOP/s", false, |p| p.1, false)?;
+    panel(
+        &right,
+        &all,
+        "Extra memory (beyond inputs and outputs)",
+        "MiB (log scale)",
+        true,
+        |p| p.2,
+        true,
+    )?;
+    root.present()?;
+    Ok(())
+}
+
+/// Writes the chart of `rows` to `path` (.png or .svg), atomically.
+pub fn write(path: &Path, rows: &[Row]) -> CliResult<()> {
+    if rows.is_empty() {
+        return Err(fail("--plot: nothing was measured"));
+    }
+    register_font("sans-serif", FontStyle::Normal, FONT)
+        .map_err(|_| fail("the embedded font could not be read"))?;
+    let err = |e: Box<dyn std::error::Error>| fail(format!("--plot {}: {e}", path.display()));
+    match format_of(path)? {
+        Format::Png => {
+            let mut rgb = vec![0u8; (SIZE.0 * SIZE.1 * 3) as usize];
+            draw(
+                BitMapBackend::with_buffer(&mut rgb, SIZE).into_drawing_area(),
+                rows,
+            )
+            .map_err(err)?;
+            let mut png_bytes = Vec::new();
+            let mut enc = png::Encoder::new(&mut png_bytes, SIZE.0, SIZE.1);
+            enc.set_color(png::ColorType::Rgb);
+            enc.set_depth(png::BitDepth::Eight);
+            let mut w = enc.write_header().map_err(|e| fail(format!("png: {e}")))?;
+            w.write_image_data(&rgb)
+                .map_err(|e| fail(format!("png: {e}")))?;
+            w.finish().map_err(|e| fail(format!("png: {e}")))?;
+            write_bytes_atomic(path, &png_bytes)
+        }
+        Format::Svg => {
+            let mut svg = String::new();
+            draw(
+                SVGBackend::with_string(&mut svg, SIZE).into_drawing_area(),
+                rows,
+            )
+            .map_err(err)?;
+            write_bytes_atomic(path, svg.as_bytes())
+        }
+    }
+}

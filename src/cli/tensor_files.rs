@@ -1,0 +1,284 @@
+//! Named tensors in files: `.safetensors` (every dtype) and `.npz` (numpy's savez and
+//! savez_compressed archives of `.npy` arrays: f32, f16, int32; numpy has no bfloat16). A `.npy`
+//! file holds a single unnamed array, so it cannot carry q, k and v: it is refused with a message.
+
+use std::io::{Read, Write};
+use std::path::Path;
+
+use flashattn::{DType, Tensor};
+use half::{bf16, f16};
+use safetensors::tensor::{Dtype as StDtype, SafeTensors, TensorView};
+
+use super::output::write_atomic;
+use super::{CliResult, fail, npy};
+
+/// The elements of one tensor, as stored.
+#[derive(Clone, Debug)]
+pub enum Data {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    I32(Vec<i32>),
+    /// A dtype flashattn does not read, by name (`F64`, `numpy <i8`, ...).
+    Other(String),
+}
+
+impl Data {
+    /// The dtype's name in messages: `f32`, `f16`, `bf16`, `int32`, or the file's own name.
+    pub fn dtype_name(&self) -> String {
+        match self {
+            Data::F32(_) => "f32".into(),
+            Data::F16(_) => "f16".into(),
+            Data::BF16(_) => "bf16".into(),
+            Data::I32(_) => "int32".into(),
+            Data::Other(name) => name.clone(),
+        }
+    }
+
+    /// The flashattn dtype, for the three float types.
+    pub fn float_dtype(&self) -> Option<DType> {
+        match self {
+            Data::F32(_) => Some(DType::F32),
+            Data::F16(_) => Some(DType::F16),
+            Data::BF16(_) => Some(DType::BF16),
+            Data::I32(_) | Data::Other(_) => None,
+        }
+    }
+
+    /// Bytes of the elements.
+    pub fn byte_len(&self) -> usize {
+        match self {
+            Data::F32(v) => v.len() * 4,
+            Data::I32(v) => v.len() * 4,
+            Data::F16(v) => v.len() * 2,
+            Data::BF16(v) => v.len() * 2,
+            Data::Other(_) => 0,
+        }
+    }
+
+    /// Appends the elements as little-endian bytes.
+    pub fn extend_le_bytes(&self, out: &mut Vec<u8>) {
+        match self {
+            Data::F32(v) => v
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Data::I32(v) => v
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Data::F16(v) => v
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Data::BF16(v) => v
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Data::Other(_) => {}
+        }
+    }
+
+    /// A host tensor's elements in row-major order of its shape.
+    pub fn from_tensor(t: &Tensor) -> CliResult<Self> {
+        Ok(match t.dtype() {
+            DType::F32 => Data::F32(t.to_vec()?),
+            DType::F16 => Data::F16(t.to_vec()?),
+            DType::BF16 => Data::BF16(t.to_vec()?),
+        })
+    }
+
+    /// A contiguous tensor of these elements (floats only).
+    pub fn to_tensor(&self, shape: &[usize]) -> Option<CliResult<Tensor>> {
+        let t = match self {
+            Data::F32(v) => Tensor::from_vec(v.clone(), shape),
+            Data::F16(v) => Tensor::from_vec(v.clone(), shape),
+            Data::BF16(v) => Tensor::from_vec(v.clone(), shape),
+            Data::I32(_) | Data::Other(_) => return None,
+        };
+        Some(t.map_err(Into::into))
+    }
+}
+
+/// A named tensor of a file.
+#[derive(Clone, Debug)]
+pub struct NamedTensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub data: Data,
+}
+
+/// The file formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Safetensors,
+    Npz,
+}
+
+/// The format of `path` from its extension; `option` (`--input`, `--output`) names it in errors.
+pub fn format_of(path: &Path, option: &str) -> CliResult<Format> {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    match ext.as_deref() {
+        Some("safetensors") => Ok(Format::Safetensors),
+        Some("npz") => Ok(Format::Npz),
+        Some("npy") => Err(fail(format!(
+            "{option} {}: a .npy file holds a single array, but run reads q, k, v (and more) and \
+             writes out, lse (and more): use .npz (numpy's savez) or .safetensors",
+            path.display()
+        ))),
+        _ => Err(fail(format!(
+            "{option} {}: unknown file type (expected .safetensors or .npz)",
+            path.display()
+        ))),
+    }
+}
+
+fn from_le<const N: usize, T>(bytes: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
+    bytes
+        .chunks_exact(N)
+        .map(|c| f(c.try_into().expect("chunks_exact yields N bytes")))
+        .collect()
+}
+
+fn read_safetensors(path: &Path, bytes: &[u8]) -> CliResult<Vec<NamedTensor>> {
+    let st = SafeTensors::deserialize(bytes).map_err(|e| {
+        fail(format!(
+            "--input {}: not a valid safetensors file: {e}",
+            path.display()
+        ))
+    })?;
+    let mut out: Vec<NamedTensor> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let b = view.data();
+            let data = match view.dtype() {
+                StDtype::F32 => Data::F32(from_le(b, f32::from_le_bytes)),
+                StDtype::F16 => Data::F16(from_le(b, f16::from_le_bytes)),
+                StDtype::BF16 => Data::BF16(from_le(b, bf16::from_le_bytes)),
+                StDtype::I32 => Data::I32(from_le(b, i32::from_le_bytes)),
+                other => Data::Other(other.to_string()),
+            };
+            NamedTensor {
+                name,
+                shape: view.shape().to_vec(),
+                data,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+fn read_npz(path: &Path) -> CliResult<Vec<NamedTensor>> {
+    let bad = |e: String| fail(format!("--input {}: {e}", path.display()));
+    let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let mut zip = zip::ZipArchive::new(file)
+        .map_err(|e| bad(format!("not a valid .npz (zip) archive: {e}")))?;
+    let mut out = Vec::new();
+    for i in 0..zip.len() {
+        let mut entry = zip.by_index(i).map_err(|e| bad(e.to_string()))?;
+        let entry_name = entry
+            .name()
+            .map_err(|e| bad(format!("entry {i}: {e}")))?
+            .to_string();
+        let name = entry_name
+            .strip_suffix(".npy")
+            .ok_or_else(|| bad(format!("entry `{entry_name}` is not a .npy array")))?
+            .to_string();
+        let mut bytes = Vec::new();
+        entry
+            .read_to_end(&mut bytes)
+            .map_err(|e| bad(format!("entry `{entry_name}`: {e}")))?;
+        let (shape, data) = npy::parse(&bytes).map_err(|e| bad(format!("tensor `{name}`: {e}")))?;
+        out.push(NamedTensor { name, shape, data });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Reads every tensor of `path` (sorted by name).
+pub fn read(path: &Path) -> CliResult<Vec<NamedTensor>> {
+    let format = format_of(path, "--input")?;
+    match format {
+        Format::Safetensors => {
+            let bytes = std::fs::read(path)
+                .map_err(|e| fail(format!("--input {}: {e}", path.display())))?;
+            read_safetensors(path, &bytes)
+        }
+        Format::Npz => read_npz(path),
+    }
+}
+
+/// Checks that `format` can hold `dtype`, before any work is done.
+pub fn check_storable(path: &Path, format: Format, dtype: DType) -> CliResult<()> {
+    if format == Format::Npz && dtype == DType::BF16 {
+        return Err(fail(format!(
+            "--output {}: bf16 results cannot be stored in .npz (numpy has no bfloat16): \
+             write .safetensors instead",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+fn safetensors_bytes(tensors: &[NamedTensor]) -> CliResult<Vec<u8>> {
+    let raw = tensors
+        .iter()
+        .map(|t| {
+            let dtype = match t.data {
+                Data::F32(_) => StDtype::F32,
+                Data::F16(_) => StDtype::F16,
+                Data::BF16(_) => StDtype::BF16,
+                Data::I32(_) => StDtype::I32,
+                Data::Other(ref name) => {
+                    return Err(fail(format!(
+                        "tensor `{}`: cannot write dtype {name}",
+                        t.name
+                    )));
+                }
+            };
+            let mut bytes = Vec::with_capacity(t.data.byte_len());
+            t.data.extend_le_bytes(&mut bytes);
+            Ok((t.name.clone(), dtype, t.shape.clone(), bytes))
+        })
+        .collect::<CliResult<Vec<_>>>()?;
+    let views = raw
+        .iter()
+        .map(|(name, dtype, shape, bytes)| {
+            TensorView::new(*dtype, shape.clone(), bytes)
+                .map(|v| (name.clone(), v))
+                .map_err(|e| fail(format!("tensor `{name}`: {e}")))
+        })
+        .collect::<CliResult<Vec<_>>>()?;
+    safetensors::tensor::serialize(views, None).map_err(|e| fail(format!("safetensors: {e}")))
+}
+
+fn write_npz(file: &mut std::fs::File, tensors: &[NamedTensor]) -> CliResult<()> {
+    let mut zip = zip::ZipWriter::new(file);
+    let options = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Stored)
+        .large_file(true);
+    for t in tensors {
+        let bytes =
+            npy::write(&t.shape, &t.data).map_err(|e| fail(format!("`{}`: {e}", t.name)))?;
+        zip.start_file(format!("{}.npy", t.name), options)
+            .and_then(|()| zip.write_all(&bytes).map_err(Into::into))
+            .map_err(|e| fail(format!("npz: {e}")))?;
+    }
+    zip.finish().map_err(|e| fail(format!("npz: {e}")))?;
+    Ok(())
+}
+
+/// Writes `tensors` to `path` in its format, atomically (a temporary file renamed).
+pub fn write(path: &Path, tensors: &[NamedTensor]) -> CliResult<()> {
+    match format_of(path, "--output")? {
+        Format::Safetensors => {
+            let bytes = safetensors_bytes(tensors)?;
+            write_atomic(path, |f| {
+                f.write_all(&bytes)
+                    .map_err(|e| fail(format!("cannot write {}: {e}", path.display())))
+            })
+        }
+        Format::Npz => write_atomic(path, |f| write_npz(f, tensors)),
+    }
+}
