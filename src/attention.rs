@@ -62,11 +62,33 @@ pub fn forward(
     let p = Problem::new(q, k, v, params)?;
     match p.device {
         Device::Cpu => crate::cpu::forward(&p, q, k, v),
-        Device::Cuda(_) => Err(Error::Unsupported {
-            device: "cuda",
-            what: "this build has no CUDA backend".into(),
-        }),
+        Device::Cuda(_) => cuda_forward(&p, q, k, v, params),
     }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_forward(
+    p: &Problem,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    params: &AttentionParams,
+) -> Result<ForwardOutput> {
+    crate::cuda::forward::forward(p, q, k, v, params)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_forward(
+    _: &Problem,
+    _: &Tensor,
+    _: &Tensor,
+    _: &Tensor,
+    _: &AttentionParams,
+) -> Result<ForwardOutput> {
+    Err(Error::Unsupported {
+        device: "cuda",
+        what: "this build has no CUDA backend (cargo feature `cuda`)".into(),
+    })
 }
 
 /// Gradients of [`forward`] with respect to q, k, v (and the bias), given the forward's `out` and

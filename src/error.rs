@@ -49,6 +49,20 @@ pub enum Error {
     /// The CUDA driver, a GPU or NVRTC could not be found or failed.
     #[error("cuda: {0}")]
     Cuda(String),
+    /// The CUDA driver library (`libcuda.so.1`) could not be loaded: no NVIDIA driver here.
+    #[error("no CUDA driver: {0}")]
+    NoCudaDriver(String),
+    /// The driver is there but the requested GPU is not.
+    #[error("no CUDA device {ordinal}: {count} device(s) found")]
+    NoCudaDevice {
+        /// The ordinal asked for (`Device::Cuda(ordinal)`).
+        ordinal: usize,
+        /// How many GPUs the driver reports.
+        count: usize,
+    },
+    /// NVRTC (`libnvrtc.so`) could not be loaded, so kernels cannot be compiled.
+    #[error("no NVRTC: {0}")]
+    NoNvrtc(String),
     /// NVRTC rejected a kernel; the compile log is kept.
     #[error("nvrtc failed to compile `{kernel}`:\n{log}")]
     Compile {

@@ -13,6 +13,8 @@
 
 pub mod attention;
 mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod dtype;
 pub mod error;
 pub mod mask;

@@ -2,6 +2,7 @@
 //! transposes and other views cost no copy: a `[batch, heads, seqlen, head_dim]` buffer is passed to
 //! attention as its `[batch, seqlen, heads, head_dim]` view with `transpose(1, 2)`.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use half::{bf16, f16};
@@ -132,6 +133,8 @@ cpu_element!(bf16, BF16, not_f32, widen_half);
 #[derive(Debug)]
 pub(crate) enum Storage {
     Cpu(CpuStorage),
+    #[cfg(feature = "cuda")]
+    Cuda(crate::cuda::storage::CudaStorage),
 }
 
 /// A strided view of a shared buffer. Cloning is cheap (the buffer is reference counted).
@@ -200,37 +203,7 @@ impl Tensor {
         offset: usize,
         arg: &'static str,
     ) -> Result<Self> {
-        if strides.len() != shape.len() {
-            return Err(Error::arg(
-                "strides",
-                format!("{} strides (one per dimension)", shape.len()),
-                strides.len(),
-            ));
-        }
-        let numel = checked_numel(shape).ok_or_else(|| {
-            Error::arg(
-                "shape",
-                "a shape of at most 2^60 elements",
-                format!("{shape:?}"),
-            )
-        })?;
-        if numel > 0 {
-            let last = shape.iter().zip(strides).try_fold(offset, |acc, (&d, &s)| {
-                (d - 1).checked_mul(s).and_then(|x| x.checked_add(acc))
-            });
-            match last {
-                Some(last) if last < storage.len() => {}
-                _ => {
-                    return Err(Error::arg(
-                        arg,
-                        format!(
-                            "a buffer holding shape {shape:?} with strides {strides:?} and offset {offset}"
-                        ),
-                        format!("{} elements", storage.len()),
-                    ));
-                }
-            }
-        }
+        check_view(storage.len(), shape, strides, offset, arg)?;
         Ok(Tensor {
             dtype: storage.dtype(),
             storage: Arc::new(Storage::Cpu(storage)),
@@ -241,6 +214,130 @@ impl Tensor {
         })
     }
 
+    /// A view of a device buffer (every element it can reach must lie inside the buffer).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn from_cuda_storage(
+        storage: crate::cuda::storage::CudaStorage,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> Result<Self> {
+        check_view(storage.len(), shape, strides, offset, "storage")?;
+        Ok(Tensor {
+            dtype: storage.dtype(),
+            device: Device::Cuda(storage.ordinal()),
+            storage: Arc::new(Storage::Cuda(storage)),
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            offset,
+        })
+    }
+
+    /// The whole device buffer behind the view, when the tensor lives on a GPU.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda_storage(&self) -> Option<&crate::cuda::storage::CudaStorage> {
+        match &*self.storage {
+            Storage::Cuda(s) => Some(s),
+            Storage::Cpu(_) => None,
+        }
+    }
+
+    /// The device address of the view's first element (`offset` applied), when on a GPU.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda_ptr(&self) -> Option<u64> {
+        self.cuda_storage()
+            .map(|s| s.device_ptr() + (self.offset * self.dtype.size_in_bytes()) as u64)
+    }
+
+    /// The same view (shape, strides, offset) with its whole buffer copied to `device`. A tensor
+    /// already there is returned as is (no copy). Uploading a strided view uploads its buffer, so
+    /// transposes and other views keep their strides on the GPU; downloading does the same.
+    ///
+    /// ```
+    /// use flashattn::{Device, Tensor};
+    /// let t = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+    /// match t.to_device(Device::Cuda(0)) {
+    ///     Ok(g) => assert_eq!(g.to_device(Device::Cpu)?.to_vec::<f32>()?, vec![1.0, 2.0, 3.0, 4.0]),
+    ///     Err(e) => println!("no GPU here: {e}"),
+    /// }
+    /// # Ok::<(), flashattn::Error>(())
+    /// ```
+    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        if device == self.device {
+            return Ok(self.clone());
+        }
+        let host = self.host()?;
+        let storage = match device {
+            Device::Cpu => Storage::Cpu(host.into_owned()),
+            Device::Cuda(ordinal) => Self::upload(&host, ordinal)?,
+        };
+        Ok(Tensor {
+            storage: Arc::new(storage),
+            device,
+            ..self.clone()
+        })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn upload(host: &CpuStorage, ordinal: usize) -> Result<Storage> {
+        let gpu = crate::cuda::device::gpu(ordinal)?;
+        Ok(Storage::Cuda(crate::cuda::storage::CudaStorage::upload(
+            &gpu, host,
+        )?))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn upload(_host: &CpuStorage, _ordinal: usize) -> Result<Storage> {
+        Err(Error::Unsupported {
+            device: "cuda",
+            what: "this build has no CUDA backend (cargo feature `cuda`)".into(),
+        })
+    }
+}
+
+/// Checks that every element of a view lies inside a buffer of `len` elements.
+fn check_view(
+    len: usize,
+    shape: &[usize],
+    strides: &[usize],
+    offset: usize,
+    arg: &'static str,
+) -> Result<()> {
+    if strides.len() != shape.len() {
+        return Err(Error::arg(
+            "strides",
+            format!("{} strides (one per dimension)", shape.len()),
+            strides.len(),
+        ));
+    }
+    let numel = checked_numel(shape).ok_or_else(|| {
+        Error::arg(
+            "shape",
+            "a shape of at most 2^60 elements",
+            format!("{shape:?}"),
+        )
+    })?;
+    if numel > 0 {
+        let last = shape.iter().zip(strides).try_fold(offset, |acc, (&d, &s)| {
+            (d - 1).checked_mul(s).and_then(|x| x.checked_add(acc))
+        });
+        match last {
+            Some(last) if last < len => {}
+            _ => {
+                return Err(Error::arg(
+                    arg,
+                    format!(
+                        "a buffer holding shape {shape:?} with strides {strides:?} and offset {offset}"
+                    ),
+                    format!("{len} elements"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Tensor {
     /// A contiguous tensor of `shape` with every element `value` (rounded to `dtype`).
     pub fn full(shape: &[usize], dtype: DType, value: f32) -> Result<Self> {
         let numel = checked_numel(shape).ok_or_else(|| {
@@ -322,6 +419,8 @@ impl Tensor {
     pub(crate) fn cpu_storage(&self) -> Option<&CpuStorage> {
         match &*self.storage {
             Storage::Cpu(s) => Some(s),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => None,
         }
     }
 
@@ -329,6 +428,8 @@ impl Tensor {
     pub(crate) fn cpu_storage_mut(&mut self) -> Option<&mut CpuStorage> {
         match Arc::get_mut(&mut self.storage)? {
             Storage::Cpu(s) => Some(s),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => None,
         }
     }
 
@@ -362,17 +463,19 @@ impl Tensor {
         })
     }
 
-    fn host(&self, what: &'static str) -> Result<&CpuStorage> {
-        self.cpu_storage().ok_or_else(|| Error::DeviceMismatch {
-            arg: what,
-            expected: "cpu (download it first)".into(),
-            got: self.device.to_string(),
-        })
+    /// The whole buffer on the host: borrowed when it lives there, downloaded otherwise.
+    fn host(&self) -> Result<Cow<'_, CpuStorage>> {
+        match &*self.storage {
+            Storage::Cpu(s) => Ok(Cow::Borrowed(s)),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(Cow::Owned(s.download()?)),
+        }
     }
 
     /// The elements in row-major order of the shape, as `T` (which must be the tensor's dtype).
+    /// A tensor on a GPU is downloaded first.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
-        let host = self.host("self")?;
+        let host = self.host()?;
         if T::DTYPE != self.dtype {
             return Err(Error::DType {
                 arg: "T",
@@ -386,9 +489,9 @@ impl Tensor {
             .collect())
     }
 
-    /// The elements in row-major order of the shape, widened to f32.
+    /// The elements in row-major order of the shape, widened to f32 (downloaded first when on a GPU).
     pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
-        let host = self.host("self")?;
+        let host = self.host()?;
         Ok(self.indices().map(|i| host.get_f32(i)).collect())
     }
 
@@ -397,7 +500,7 @@ impl Tensor {
         Ok(self.to_f32_vec()?.into_iter().map(f64::from).collect())
     }
 
-    /// A contiguous copy converted to `dtype` (rounding to nearest).
+    /// A contiguous copy converted to `dtype` (rounding to nearest), on the same device.
     pub fn to_dtype(&self, dtype: DType) -> Result<Self> {
         let data = self.to_f32_vec()?;
         let storage = match dtype {
@@ -411,7 +514,8 @@ impl Tensor {
             &contiguous_strides(&self.shape),
             0,
             "self",
-        )
+        )?
+        .to_device(self.device)
     }
 
     /// A contiguous copy (or this tensor, when it already is contiguous).

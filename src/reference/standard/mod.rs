@@ -31,11 +31,16 @@ use score_matrix::{
     tensor_like, widen,
 };
 
-/// Bytes [`forward`] allocates beyond its inputs and output for problem `p` (contiguous
+/// Bytes [`forward`] allocates beyond its inputs and output for problem `p`. On a GPU: contiguous
+/// copies of q, k, v and the output and the score matrix, in the input dtype. On the CPU (contiguous
 /// inputs): the `[batch, heads, seqlen_q, seqlen_k]` score matrix in f32, and two f32 working
 /// copies each of q, k, v and the output (widened buffers, per-head rows). Saturates at
 /// `usize::MAX`.
 pub fn forward_extra_memory_bytes(p: &Problem) -> usize {
+    #[cfg(feature = "cuda")]
+    if let crate::tensor::Device::Cuda(_) = p.device {
+        return crate::cuda::standard::forward_extra_memory_bytes(p);
+    }
     let [q, k, v, o] = operand_elements(p);
     score_elements(p)
         .saturating_add(
@@ -102,7 +107,9 @@ pub fn forward(
     params: &AttentionParams,
 ) -> Result<ForwardOutput> {
     let p = Problem::new(q, k, v, params)?;
-    host_only(&p)?;
+    if let crate::tensor::Device::Cuda(_) = p.device {
+        return gpu_forward(&p, q, k, v);
+    }
     match p.dtype {
         DType::F32 => forward_typed::<f32>(&p, q, k, v),
         DType::F16 => forward_typed::<f16>(&p, q, k, v),
@@ -149,11 +156,25 @@ pub fn backward(
     }
 }
 
+/// The GPU baseline (cuBLAS products and a softmax kernel, see `src/cuda/standard.rs`).
+#[cfg(feature = "cuda")]
+fn gpu_forward(p: &Problem, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<ForwardOutput> {
+    crate::cuda::standard::forward(p, q, k, v)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_forward(_: &Problem, _: &Tensor, _: &Tensor, _: &Tensor) -> Result<ForwardOutput> {
+    Err(Error::Unsupported {
+        device: "cuda",
+        what: "this build has no CUDA backend (cargo feature `cuda`)".into(),
+    })
+}
+
 fn host_only(p: &Problem) -> Result<()> {
     if p.device != crate::tensor::Device::Cpu {
         return Err(Error::Unsupported {
             device: "cuda",
-            what: "the standard attention baseline runs on the CPU only".into(),
+            what: "the standard attention backward runs on the CPU only".into(),
         });
     }
     Ok(())

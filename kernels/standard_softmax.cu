@@ -1,0 +1,192 @@
+// The "standard attention" baseline's own kernels (its two products run through cuBLAS):
+//   standard_copy     gathers a strided [batch, seqlen, heads, dim] operand into a contiguous,
+//                     zero-padded [batch, heads, max_seqlen, dim] buffer, or scatters such a
+//                     buffer back into a strided output;
+//   standard_softmax  turns each row of the materialized score matrix S = q·kᵀ·scale into
+//                     P = softmax(S) in place, applying the options in the order of the core API
+//                     (softcap, then ALiBi and bias, then the window mask), and writes the
+//                     log-sum-exp.
+// Like a framework computing in the element type T, every materialized value is rounded to T: the
+// scores after each step and P; the softmax itself runs in f32.
+//
+// The element type is chosen by one `#define` pasted before this file: ELEM_F32, ELEM_F16 or
+// ELEM_BF16. No CUDA header is included: conversions are inline PTX.
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+#if defined(ELEM_F32)
+typedef float elem_t;
+__device__ __forceinline__ float to_f32(elem_t x) { return x; }
+__device__ __forceinline__ elem_t from_f32(float x) { return x; }
+#elif defined(ELEM_F16)
+typedef u16 elem_t;
+__device__ __forceinline__ float to_f32(elem_t x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+    return f;
+}
+__device__ __forceinline__ elem_t from_f32(float f) {
+    u16 r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+#elif defined(ELEM_BF16)
+typedef u16 elem_t;
+__device__ __forceinline__ float to_f32(elem_t x) { return __uint_as_float(((u32)x) << 16); }
+__device__ __forceinline__ elem_t from_f32(float f) {
+    u16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+#else
+#error "define ELEM_F32, ELEM_F16 or ELEM_BF16"
+#endif
+
+// f32 rounded to the element type and back.
+__device__ __forceinline__ float round_elem(float x) { return to_f32(from_f32(x)); }
+
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+// ---- gather / scatter ----------------------------------------------------------------------------
+
+// Host mirror: `CopyParams` in src/cuda/standard.rs.
+struct CopyParams {
+    u64 strided;     // elem_t*: the [batch, seqlen, heads, dim] operand (any strides)
+    u64 packed;      // elem_t*: [batch, heads, max_n, dim], contiguous
+    u64 seq_row0;    // const int*: first row of each sequence in `strided` (varlen), or null
+    u64 seq_len;     // const int*: rows of each sequence
+    i64 offset;      // element offset of `strided`
+    i64 stride_b;    // batch stride of `strided` (0 with varlen)
+    i64 stride_row;  // row stride
+    i64 stride_head; // head stride
+    int batch, heads, max_n, dim;
+    int to_packed;   // 1: strided -> packed (rows past a sequence's end become 0); 0: packed -> strided
+};
+
+// One thread per element of `packed`; a grid-stride loop covers any size.
+extern "C" __global__ void standard_copy(const CopyParams p) {
+    const i64 total = (i64)p.batch * p.heads * p.max_n * p.dim;
+    const int* row0 = (const int*)p.seq_row0;
+    const int* len = (const int*)p.seq_len;
+    elem_t* strided = (elem_t*)p.strided;
+    elem_t* packed = (elem_t*)p.packed;
+    for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (i64)gridDim.x * blockDim.x) {
+        const int d = (int)(e % p.dim);
+        i64 r = e / p.dim;
+        const int i = (int)(r % p.max_n);
+        r /= p.max_n;
+        const int h = (int)(r % p.heads);
+        const int b = (int)(r / p.heads);
+        const bool inside = i < len[b];
+        const i64 at = p.offset + (i64)b * p.stride_b +
+                       (i64)((row0 ? row0[b] : 0) + i) * p.stride_row + (i64)h * p.stride_head + d;
+        if (p.to_packed) {
+            packed[e] = inside ? strided[at] : from_f32(0.0f);
+        } else if (inside) {
+            strided[at] = packed[e];
+        }
+    }
+}
+
+// ---- softmax -------------------------------------------------------------------------------------
+
+// Host mirror: `SoftmaxParams` in src/cuda/standard.rs.
+struct SoftmaxParams {
+    u64 scores;    // elem_t*: [batch, heads, max_nq, max_nk], rows turned into P in place
+    u64 lse;       // float*: [batch, heads, max_nq], or [heads, total_q] with varlen
+    u64 bias;      // const float*, or null
+    u64 slopes;    // const float*: ALiBi slope per (batch, head), or null
+    u64 seq_nq;    // const int*: queries of each sequence
+    u64 seq_nk;    // const int*: keys of each sequence
+    u64 seq_q_row0; // const int*: first packed query row of each sequence (varlen), or null
+    i64 bias_offset;
+    i64 bias_stride[4]; // b, h, i, j (0 along broadcast dimensions)
+    i64 window_left;    // keys before the diagonal a query sees (huge when unbounded)
+    i64 window_right;   // keys after it
+    int batch, heads, max_nq, max_nk, total_q;
+    float softcap;      // 0: none
+};
+
+#define SOFTMAX_THREADS 256
+
+// Max (is_max) or sum over the block; every thread gets the result.
+__device__ float block_reduce(float x, bool is_max, float* shared) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float y = __shfl_xor_sync(0xffffffffu, x, o);
+        x = is_max ? fmaxf(x, y) : x + y;
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();  // `shared` may still be read by a previous reduction
+    if (lane == 0) shared[warp] = x;
+    __syncthreads();
+    x = shared[0];
+    for (int w = 1; w < SOFTMAX_THREADS / 32; ++w) x = is_max ? fmaxf(x, shared[w]) : x + shared[w];
+    return x;
+}
+
+// One block per (batch·head, query row): a 1-D grid of batch·heads·max_nq blocks.
+extern "C" __global__ void __launch_bounds__(SOFTMAX_THREADS) standard_softmax(const SoftmaxParams p) {
+    __shared__ float red[SOFTMAX_THREADS / 32];
+    const int i = (int)(blockIdx.x % (u32)p.max_nq);
+    const int bh = (int)(blockIdx.x / (u32)p.max_nq);
+    const int b = bh / p.heads, h = bh % p.heads;
+    const int nq = ((const int*)p.seq_nq)[b];
+    const int nk = ((const int*)p.seq_nk)[b];
+    elem_t* row = (elem_t*)p.scores + ((i64)bh * p.max_nq + i) * p.max_nk;
+    if (i >= nq) {
+        // Padding row of a shorter sequence: zeros, so the product with V stays finite.
+        for (int j = threadIdx.x; j < p.max_nk; j += SOFTMAX_THREADS) row[j] = from_f32(0.0f);
+        return;
+    }
+    // Keys query i sees: the window around its diagonal position i + nk - nq, within 0..nk.
+    const i64 center = (i64)i + nk - nq;
+    i64 lo = center - p.window_left, hi = center + p.window_right + 1;
+    lo = lo < 0 ? 0 : (lo > nk ? nk : lo);
+    hi = hi < 0 ? 0 : (hi > nk ? nk : hi);
+    if (hi < lo) hi = lo;
+    const float slope = p.slopes ? ((const float*)p.slopes)[bh] : 0.0f;
+    const float* bias = (const float*)p.bias;
+    const i64 bias_row = p.bias_offset + (i64)b * p.bias_stride[0] + (i64)h * p.bias_stride[1] +
+                         (i64)i * p.bias_stride[2];
+
+    // Pass 1: the score mods, each rounded to T as stored; the row maximum over visible keys.
+    float m = NEG_INF;
+    for (int j = threadIdx.x; j < p.max_nk; j += SOFTMAX_THREADS) {
+        if (j < lo || j >= hi) continue;
+        float s = to_f32(row[j]);
+        if (p.softcap > 0.0f) s = round_elem(p.softcap * tanhf(s / p.softcap));
+        if (slope != 0.0f || bias) {
+            const float alibi = slope * (float)llabs((i64)j - center);
+            const float add = bias ? bias[bias_row + (i64)j * p.bias_stride[3]] : 0.0f;
+            s = round_elem(s - alibi + add);
+        }
+        row[j] = from_f32(s);
+        m = fmaxf(m, s);
+    }
+    m = block_reduce(m, true, red);
+
+    // Pass 2: the sum of exponentials (f32).
+    float sum = 0.0f;
+    if (m != NEG_INF) {
+        for (int j = threadIdx.x; j < p.max_nk; j += SOFTMAX_THREADS) {
+            if (j >= lo && j < hi) sum += expf(to_f32(row[j]) - m);
+        }
+    }
+    sum = block_reduce(sum, false, red);
+
+    // Pass 3: P rounded to T; masked keys (and every key of a row that sees none) get 0.
+    const float inv = m == NEG_INF ? 0.0f : 1.0f / sum;
+    for (int j = threadIdx.x; j < p.max_nk; j += SOFTMAX_THREADS) {
+        const bool visible = j >= lo && j < hi && m != NEG_INF;
+        row[j] = from_f32(visible ? expf(to_f32(row[j]) - m) * inv : 0.0f);
+    }
+    if (threadIdx.x == 0) {
+        const i64 at = p.seq_q_row0 ? (i64)h * p.total_q + ((const int*)p.seq_q_row0)[b] + i
+                                    : (i64)bh * p.max_nq + i;
+        ((float*)p.lse)[at] = m == NEG_INF ? NEG_INF : m + logf(sum);
+    }
+}

@@ -1,0 +1,155 @@
+//! Typed device buffers (f32, f16, bf16): allocate, poison, upload, download, and the raw device
+//! address that kernels receive in their parameter structs.
+//!
+//! All copies and launches of one GPU are ordered on its single stream (see [`Gpu`]), so a buffer
+//! written by a kernel is read correctly by the next launch or download without extra events.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
+use half::{bf16, f16};
+
+use super::device::Gpu;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::tensor::CpuStorage;
+
+/// A device allocation of one dtype.
+pub(crate) enum DeviceBuffer {
+    F32(CudaSlice<f32>),
+    F16(CudaSlice<f16>),
+    BF16(CudaSlice<bf16>),
+}
+
+/// A device buffer and the GPU it lives on. `len` counts elements; an empty buffer still holds
+/// one element so that its address is valid.
+pub(crate) struct CudaStorage {
+    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) buf: DeviceBuffer,
+    len: usize,
+}
+
+impl std::fmt::Debug for CudaStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CudaStorage(cuda:{}, {} x {})",
+            self.gpu.ordinal,
+            self.len,
+            self.dtype()
+        )
+    }
+}
+
+/// Uninitialized device memory for `len` elements (at least one).
+fn alloc_raw<T: DeviceRepr>(gpu: &Gpu, len: usize) -> Result<CudaSlice<T>> {
+    // SAFETY: the memory is uninitialized; every caller fills it (poison or upload) before any read.
+    unsafe { gpu.stream.alloc::<T>(len.max(1)) }.map_err(Gpu::err("allocating device memory"))
+}
+
+impl CudaStorage {
+    /// A buffer of `len` elements with every byte 0xFF: NaN in f32, f16 and bf16, so an element a
+    /// kernel fails to write is caught.
+    pub(crate) fn alloc_poisoned(gpu: &Arc<Gpu>, dtype: DType, len: usize) -> Result<Self> {
+        let buf = match dtype {
+            DType::F32 => DeviceBuffer::F32(alloc_raw(gpu, len)?),
+            DType::F16 => DeviceBuffer::F16(alloc_raw(gpu, len)?),
+            DType::BF16 => DeviceBuffer::BF16(alloc_raw(gpu, len)?),
+        };
+        let mut s = CudaStorage {
+            gpu: gpu.clone(),
+            buf,
+            len,
+        };
+        s.poison()?;
+        Ok(s)
+    }
+
+    /// Copies a host buffer to the GPU.
+    pub(crate) fn upload(gpu: &Arc<Gpu>, host: &CpuStorage) -> Result<Self> {
+        fn up<T: DeviceRepr>(gpu: &Gpu, v: &[T]) -> Result<CudaSlice<T>> {
+            let mut d = alloc_raw(gpu, v.len())?;
+            if !v.is_empty() {
+                gpu.stream
+                    .memcpy_htod(v, &mut d)
+                    .map_err(Gpu::err("copying to the device"))?;
+            }
+            Ok(d)
+        }
+        let buf = match host {
+            CpuStorage::F32(v) => DeviceBuffer::F32(up(gpu, v)?),
+            CpuStorage::F16(v) => DeviceBuffer::F16(up(gpu, v)?),
+            CpuStorage::BF16(v) => DeviceBuffer::BF16(up(gpu, v)?),
+        };
+        Ok(CudaStorage {
+            gpu: gpu.clone(),
+            buf,
+            len: host.len(),
+        })
+    }
+
+    /// Copies the whole buffer back to the host (waits for the work queued before it).
+    pub(crate) fn download(&self) -> Result<CpuStorage> {
+        fn down<T: DeviceRepr>(gpu: &Gpu, d: &CudaSlice<T>, len: usize) -> Result<Vec<T>> {
+            let mut v = gpu
+                .stream
+                .clone_dtoh(d)
+                .map_err(Gpu::err("copying from the device"))?;
+            v.truncate(len);
+            Ok(v)
+        }
+        let g = &self.gpu;
+        Ok(match &self.buf {
+            DeviceBuffer::F32(d) => CpuStorage::F32(down(g, d, self.len)?),
+            DeviceBuffer::F16(d) => CpuStorage::F16(down(g, d, self.len)?),
+            DeviceBuffer::BF16(d) => CpuStorage::BF16(down(g, d, self.len)?),
+        })
+    }
+
+    /// Overwrites every byte with 0xFF (NaN in every dtype).
+    pub(crate) fn poison(&mut self) -> Result<()> {
+        self.fill_bytes(0xFF)
+    }
+
+    /// Sets every byte to `byte` (0 gives zeros in every dtype).
+    pub(crate) fn fill_bytes(&mut self, byte: u8) -> Result<()> {
+        let bytes = self.len.max(1) * self.dtype().size_in_bytes();
+        let ptr = self.device_ptr();
+        // SAFETY: `ptr` is the start of this allocation, which holds at least `bytes` bytes; the
+        // memset is ordered on the stream every use of the buffer goes through.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(ptr, byte, bytes, self.gpu.stream.cu_stream())
+        }
+        .map_err(Gpu::err("filling device memory"))
+    }
+
+    /// The device address of element 0, for a kernel's parameter struct.
+    pub(crate) fn device_ptr(&self) -> u64 {
+        let s = &self.gpu.stream;
+        // Event tracking is off for flashattn's contexts, so the guards record nothing.
+        match &self.buf {
+            DeviceBuffer::F32(d) => d.device_ptr(s).0,
+            DeviceBuffer::F16(d) => d.device_ptr(s).0,
+            DeviceBuffer::BF16(d) => d.device_ptr(s).0,
+        }
+    }
+
+    /// Element count.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Element type.
+    pub(crate) fn dtype(&self) -> DType {
+        match &self.buf {
+            DeviceBuffer::F32(_) => DType::F32,
+            DeviceBuffer::F16(_) => DType::F16,
+            DeviceBuffer::BF16(_) => DType::BF16,
+        }
+    }
+
+    /// The GPU ordinal.
+    pub(crate) fn ordinal(&self) -> usize {
+        self.gpu.ordinal
+    }
+}
