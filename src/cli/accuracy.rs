@@ -90,6 +90,13 @@ pub struct ForwardCheck {
 }
 
 impl ForwardCheck {
+    /// The same errors with every bound divided by `factor`.
+    pub fn tightened(mut self, factor: f64) -> Self {
+        self.bound /= factor;
+        self.lse_bound /= factor;
+        self
+    }
+
     pub fn pass(&self) -> bool {
         self.rel <= self.bound && self.lse <= self.lse_bound
     }
@@ -112,6 +119,12 @@ pub struct BackwardCheck {
 }
 
 impl BackwardCheck {
+    /// The same errors with every bound divided by `factor`.
+    pub fn tightened(mut self, factor: f64) -> Self {
+        self.grads.iter_mut().for_each(|g| g.bound /= factor);
+        self
+    }
+
     pub fn pass(&self) -> bool {
         self.grads.iter().all(|g| g.rel <= g.bound)
     }

@@ -94,6 +94,13 @@ fn parse_device(s: &str) -> Result<Device, String> {
     }
 }
 
+fn parse_tighten(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if f.is_finite() && f >= 1.0 => Ok(f),
+        _ => Err(format!("expected a number >= 1, got `{s}`")),
+    }
+}
+
 fn parse_dtype(s: &str) -> Result<DType, String> {
     s.parse()
 }
@@ -111,7 +118,7 @@ pub struct MaskArgs {
     #[arg(long, value_name = "R", conflicts_with = "causal")]
     pub window_right: Option<usize>,
     /// Soft cap of the scores: cap·tanh(s/cap).
-    #[arg(long, value_name = "C")]
+    #[arg(long, value_name = "C", allow_negative_numbers = true)]
     pub softcap: Option<f32>,
     /// Score scale (default 1/sqrt(head_dim)).
     #[arg(long, value_name = "S", allow_negative_numbers = true)]
@@ -210,6 +217,9 @@ pub struct CheckArgs {
     /// Seed of the random inputs (each configuration adds its index).
     #[arg(long, default_value_t = 2026)]
     pub seed: u64,
+    /// Divide every bound by this factor (>= 1) to see how much margin the results have.
+    #[arg(long, value_name = "FACTOR", default_value_t = 1.0, value_parser = parse_tighten)]
+    pub tighten: f64,
     /// After the checks, run a short benchmark (f32 forward, N = 512..2048, causal and not).
     #[arg(long)]
     pub bench: bool,

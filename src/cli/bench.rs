@@ -168,15 +168,8 @@ fn run_standard(x: &Inputs, pass: Pass, repeats: u32, skip: bool) -> CliResult<S
         Pass::Forward => standard::forward_extra_memory_bytes(&p),
         Pass::Backward => standard::backward_extra_memory_bytes(&p),
     } as u64;
-    if let Some(avail) = memory::available_bytes()
-        && need as f64 > avail as f64 * MEMORY_HEADROOM
-    {
-        return Ok(StandardOutcome::Skipped(format!(
-            "its score matrices would need {}, more than {:.0}% of the {} available",
-            human(need),
-            MEMORY_HEADROOM * 100.0,
-            human(avail)
-        )));
+    if let Some(why) = too_big(need, memory::available_bytes()) {
+        return Ok(StandardOutcome::Skipped(why));
     }
     let m = match pass {
         Pass::Forward => measure(repeats, flops, || {
@@ -192,6 +185,20 @@ fn run_standard(x: &Inputs, pass: Pass, repeats: u32, skip: bool) -> CliResult<S
         }
     };
     Ok(StandardOutcome::Ran(m))
+}
+
+/// Why the standard attention must not run when it needs `need` bytes and `avail` are
+/// available (unknown: it runs).
+fn too_big(need: u64, avail: Option<u64>) -> Option<String> {
+    let avail = avail?;
+    (need as f64 > avail as f64 * MEMORY_HEADROOM).then(|| {
+        format!(
+            "its score matrices would need {}, more than {:.0}% of the {} available",
+            human(need),
+            MEMORY_HEADROOM * 100.0,
+            human(avail)
+        )
+    })
 }
 
 /// Runs the sweep; prints the table and writes the chart and JSON asked for.
@@ -308,4 +315,22 @@ fn render(rows: &[Row], a: &BenchArgs) -> String {
         out += &format!("note: {n}\n");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standard_is_skipped_past_the_available_memory() {
+        const GIB: u64 = 1 << 30;
+        // B=1 H=8 N=32768: the f32 scores alone are 32 GiB.
+        let why = too_big(32 * GIB, Some(20 * GIB)).expect("skipped");
+        assert!(
+            why.contains("32.0 GiB") && why.contains("20.0 GiB"),
+            "{why}"
+        );
+        assert_eq!(too_big(GIB, Some(20 * GIB)), None);
+        assert_eq!(too_big(32 * GIB, None), None);
+    }
 }
