@@ -148,10 +148,14 @@ pub fn check_forward(x: &Inputs, dtype: DType, dev: Device) -> CliResult<Forward
     let (standard, standard_lse) = match dtype {
         DType::F32 => (None, 0.0),
         DType::F16 | DType::BF16 => {
-            let s = standard::forward(&x.q, &x.k, &x.v, &x.p)?;
-            let so = s.out.to_f64_vec()?;
+            // The standard attention where flashattn ran (the GPU baseline on a GPU; the CPU
+            // one where the GPU baseline lacks an option).
+            let s = standard::forward(&on.q, &on.k, &on.v, &on.p)
+                .or_else(|_| standard::forward(&x.q, &x.k, &x.v, &x.p))?;
+            let so = device::download(&s.out)?.to_f64_vec()?;
             let err = rel(&so, &o.out, norm(&o.out));
-            (Some(err), lse_error(&s.lse.to_f64_vec()?, &o.lse))
+            let slse = device::download(&s.lse)?.to_f64_vec()?;
+            (Some(err), lse_error(&slse, &o.lse))
         }
     };
     Ok(ForwardCheck {

@@ -1,17 +1,16 @@
 //! `flashattn bench`: sweeps sizes and times flashattn next to the standard (materializing)
 //! attention, with a progress bar, a table, and optional chart and JSON.
 
-use std::time::Instant;
-
+use flashattn::Device;
 use flashattn::problem::Problem;
 use flashattn::reference::standard;
-use flashattn::{Device, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::args::{BenchArgs, CausalChoice, PassChoice};
 use super::inputs::{Config, Inputs};
 use super::memory::{self, human};
 use super::table::Table;
+use super::timing::{Extra, Measurement, measure};
 use super::{CliResult, device, fail, json, output, plot};
 
 /// Forward or backward.
@@ -35,17 +34,6 @@ const BACKWARD_FLOP_FACTOR: f64 = 2.5;
 
 /// Fraction of the available memory the standard attention may plan to use.
 const MEMORY_HEADROOM: f64 = 0.8;
-
-/// One method's figures.
-#[derive(Clone, Copy, Debug)]
-pub struct Measurement {
-    /// Fastest run, milliseconds.
-    pub time_ms: f64,
-    /// FLOP rate of the fastest run, GFLOP/s.
-    pub gflops: f64,
-    /// Peak heap bytes beyond inputs and outputs.
-    pub extra_bytes: u64,
-}
 
 /// The standard attention's figures, or why it did not run.
 #[derive(Clone, Debug)]
@@ -100,37 +88,6 @@ fn configs(a: &BenchArgs) -> Vec<(Pass, Config)> {
     out
 }
 
-fn bytes_of(ts: &[&Tensor]) -> u64 {
-    ts.iter()
-        .map(|t| (t.numel() * t.dtype().size_in_bytes()) as u64)
-        .sum()
-}
-
-/// Times `call` (one untimed run, then `repeats` timed ones, the fastest kept) and records the
-/// largest peak of heap bytes beyond what its results hold.
-fn measure(
-    repeats: u32,
-    flops: f64,
-    mut call: impl FnMut() -> CliResult<Vec<Tensor>>,
-) -> CliResult<Measurement> {
-    drop(call()?);
-    let (mut best, mut extra) = (f64::INFINITY, 0u64);
-    for _ in 0..repeats {
-        let start = Instant::now();
-        let (outs, peak) = memory::peak_during(&mut call);
-        let secs = start.elapsed().as_secs_f64();
-        let outs = outs?;
-        best = best.min(secs);
-        let held = bytes_of(&outs.iter().collect::<Vec<_>>());
-        extra = extra.max((peak as u64).saturating_sub(held));
-    }
-    Ok(Measurement {
-        time_ms: best * 1e3,
-        gflops: flops / best / 1e9,
-        extra_bytes: extra,
-    })
-}
-
 fn forward_flops(x: &Inputs, pass: Pass) -> CliResult<(Problem, f64)> {
     let p = Problem::new(&x.q, &x.k, &x.v, &x.p)?;
     let f = p.forward_flops();
@@ -145,13 +102,13 @@ fn run_flash(x: &Inputs, pass: Pass, dev: Device, repeats: u32) -> CliResult<Mea
     let (_, flops) = forward_flops(x, pass)?;
     let on = device::upload(x, dev)?;
     match pass {
-        Pass::Forward => measure(repeats, flops, || {
+        Pass::Forward => measure(dev, repeats, flops, || {
             let r = flashattn::forward(&on.q, &on.k, &on.v, &on.p)?;
             Ok(vec![r.out, r.lse])
         }),
         Pass::Backward => {
             let f = flashattn::forward(&on.q, &on.k, &on.v, &on.p)?;
-            measure(repeats, flops, || {
+            measure(dev, repeats, flops, || {
                 let g = flashattn::backward(&on.q, &on.k, &on.v, &f.out, &f.lse, &on.dout, &on.p)?;
                 Ok([g.dq, g.dk, g.dv].into_iter().chain(g.dbias).collect())
             })
@@ -159,32 +116,52 @@ fn run_flash(x: &Inputs, pass: Pass, dev: Device, repeats: u32) -> CliResult<Mea
     }
 }
 
-fn run_standard(x: &Inputs, pass: Pass, repeats: u32, skip: bool) -> CliResult<StandardOutcome> {
+/// The standard attention where flashattn runs (on a GPU: the library's cuBLAS baseline).
+fn run_standard(
+    x: &Inputs,
+    pass: Pass,
+    dev: Device,
+    repeats: u32,
+    skip: bool,
+) -> CliResult<StandardOutcome> {
     if skip {
         return Ok(StandardOutcome::Skipped("not run (--no-standard)".into()));
     }
-    let (p, flops) = forward_flops(x, pass)?;
+    let on = device::upload(x, dev)?;
+    let (p, flops) = forward_flops(&on, pass)?;
     let need = match pass {
         Pass::Forward => standard::forward_extra_memory_bytes(&p),
         Pass::Backward => standard::backward_extra_memory_bytes(&p),
     } as u64;
-    if let Some(why) = too_big(need, memory::available_bytes()) {
+    if dev == Device::Cpu
+        && let Some(why) = too_big(need, memory::available_bytes())
+    {
         return Ok(StandardOutcome::Skipped(why));
     }
-    let m = match pass {
-        Pass::Forward => measure(repeats, flops, || {
-            let r = standard::forward(&x.q, &x.k, &x.v, &x.p)?;
+    let result = match pass {
+        Pass::Forward => measure(dev, repeats, flops, || {
+            let r = standard::forward(&on.q, &on.k, &on.v, &on.p)?;
             Ok(vec![r.out, r.lse])
-        })?,
+        }),
         Pass::Backward => {
-            let f = flashattn::forward(&x.q, &x.k, &x.v, &x.p)?;
-            measure(repeats, flops, || {
-                let g = standard::backward(&x.q, &x.k, &x.v, &f.out, &f.lse, &x.dout, &x.p)?;
+            let f = flashattn::forward(&on.q, &on.k, &on.v, &on.p)?;
+            measure(dev, repeats, flops, || {
+                let g = standard::backward(&on.q, &on.k, &on.v, &f.out, &f.lse, &on.dout, &on.p)?;
                 Ok([g.dq, g.dk, g.dv].into_iter().chain(g.dbias).collect())
-            })?
+            })
         }
     };
-    Ok(StandardOutcome::Ran(m))
+    match (dev, result) {
+        (Device::Cpu, r) => Ok(StandardOutcome::Ran(r?)),
+        // The GPU baseline holds the score matrix in device memory, which may not fit.
+        (Device::Cuda(_), Err(e)) => {
+            Ok(StandardOutcome::Skipped(format!("failed on the GPU: {e}")))
+        }
+        (Device::Cuda(_), Ok(mut m)) => {
+            m.extra = Extra::Planned(need);
+            Ok(StandardOutcome::Ran(m))
+        }
+    }
 }
 
 /// Why the standard attention must not run when it needs `need` bytes and `avail` are
@@ -205,6 +182,14 @@ fn too_big(need: u64, avail: Option<u64>) -> Option<String> {
 pub fn run(a: &BenchArgs) -> CliResult<()> {
     a.validate()?;
     device::ensure_available(a.device)?;
+    if a.device != Device::Cpu && a.pass != PassChoice::Forward {
+        return Err(fail(format!(
+            "--pass {:?}: the backward runs on the CPU only in this version; use --pass forward \
+             with --device {}",
+            a.pass, a.device
+        )
+        .to_lowercase()));
+    }
     for path in [&a.plot, &a.json].into_iter().flatten() {
         output::check_writable(path)?;
     }
@@ -222,19 +207,22 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
         bar.set_message(format!("{} {}", pass.name(), cfg.describe()));
         let x = cfg.inputs(a.seed + i as u64)?;
         let flash = run_flash(&x, *pass, a.device, a.repeats)?;
-        let standard = run_standard(&x, *pass, a.repeats, a.no_standard)?;
+        let standard = run_standard(&x, *pass, a.device, a.repeats, a.no_standard)?;
         rows.push(Row {
             pass: *pass,
             config: cfg.clone(),
             device: a.device,
             flash,
-            standard_device: Device::Cpu,
+            standard_device: a.device,
             standard,
         });
         bar.inc(1);
     }
     bar.finish_and_clear();
     print!("{}", render(&rows, a));
+    for line in device::compile_report(a.device)? {
+        println!("kernel {line}");
+    }
     if let Some(path) = &a.json {
         json::write(path, &rows)?;
         println!("wrote {}", path.display());
@@ -251,6 +239,15 @@ fn rate(m: &Measurement, device: Device) -> String {
     match device {
         Device::Cpu => format!("{:.1}", m.gflops),
         Device::Cuda(_) => format!("{:.1}", m.gflops / 1e3),
+    }
+}
+
+/// An extra-memory cell: measured bytes, planned bytes marked `*`, or `n/a`.
+fn extra_cell(e: Extra) -> String {
+    match e {
+        Extra::Measured(b) => human(b),
+        Extra::Planned(b) => format!("{}*", human(b)),
+        Extra::Unknown => "n/a".into(),
     }
 }
 
@@ -281,18 +278,18 @@ fn render(rows: &[Row], a: &BenchArgs) -> String {
             c.d.to_string(),
             format!("{:.2}", r.flash.time_ms),
             rate(&r.flash, r.device),
-            human(r.flash.extra_bytes),
+            extra_cell(r.flash.extra),
         ];
         match &r.standard {
             StandardOutcome::Ran(s) => cells.extend([
                 format!("{:.2}", s.time_ms),
                 rate(s, a.device),
-                human(s.extra_bytes),
+                extra_cell(s.extra),
                 format!("{:.2}x", s.time_ms / r.flash.time_ms),
-                format!(
-                    "{:.0}x",
-                    s.extra_bytes as f64 / r.flash.extra_bytes.max(1) as f64
-                ),
+                match (s.extra.bytes(), r.flash.extra.bytes()) {
+                    (Some(a), Some(b)) => format!("{:.0}x", a as f64 / b.max(1) as f64),
+                    _ => "-".into(),
+                },
             ]),
             StandardOutcome::Skipped(why) => {
                 cells.extend(["skipped".to_string(), "-".into(), "-".into()]);
@@ -311,6 +308,12 @@ fn render(rows: &[Row], a: &BenchArgs) -> String {
         a.device, a.repeats
     );
     out += &t.render();
+    if rows.iter().any(
+        |r| matches!(r.standard, StandardOutcome::Ran(m) if matches!(m.extra, Extra::Planned(_))),
+    ) {
+        out += "*: device memory the standard attention allocates by design (not measured); \
+                flashattn's device memory is not measured (n/a)\n";
+    }
     for n in notes {
         out += &format!("note: {n}\n");
     }

@@ -193,6 +193,12 @@ pub fn run(a: &CheckArgs) -> CliResult<bool> {
         "check: {passed} passed, {failed} failed{skip_note} ({:.1} s)",
         start.elapsed().as_secs_f64()
     );
+    if passed + failed == 0 {
+        return Err(fail(format!(
+            "nothing could be checked on {}: every pass was skipped",
+            a.device
+        )));
+    }
     if failed > 0 {
         return Ok(false);
     }

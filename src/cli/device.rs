@@ -1,28 +1,50 @@
-//! Where the command computes: moving inputs to the device and results back.
+//! Where the command computes: checking the device is there, moving inputs to it and results
+//! back, and waiting for it.
 //!
-//! This build's library has no CUDA tensors yet (`Tensor::to_device` is not there), so a CUDA
-//! device is refused up front with a message, exit status 2.
+//! A GPU needs the CUDA driver, the GPU itself and NVRTC (kernels are compiled at run time);
+//! each missing piece is a message and exit status 2, never a panic. A build without the `cuda`
+//! feature refuses `--device cuda` the same way.
 
 use flashattn::{Device, Tensor};
 
 use super::inputs::Inputs;
 use super::{CliResult, fail};
 
-/// Checks that `device` can run attention in this build, before any work starts.
+/// Checks that `device` can run attention, before any work starts.
 pub fn ensure_available(device: Device) -> CliResult<()> {
     match device {
         Device::Cpu => Ok(()),
-        Device::Cuda(_) => Err(fail(format!(
-            "--device {device}: this build of flashattn has no CUDA backend yet (the library \
-             cannot place tensors on a GPU); use --device cpu"
-        ))),
+        Device::Cuda(ordinal) => cuda_available(device, ordinal),
     }
 }
 
-/// A tensor moved to `device` (the tensor itself on the CPU).
+#[cfg(feature = "cuda")]
+fn cuda_available(device: Device, ordinal: usize) -> CliResult<()> {
+    let hint = "use --device cpu";
+    match flashattn::cuda::device_count() {
+        Ok(n) if ordinal < n => {}
+        Ok(n) => {
+            return Err(fail(format!(
+                "--device {device}: this machine has {n} CUDA device(s); {hint}"
+            )));
+        }
+        Err(e) => return Err(fail(format!("--device {device}: {e}; {hint}"))),
+    }
+    flashattn::cuda::nvrtc_version()
+        .map(drop)
+        .map_err(|e| fail(format!("--device {device}: {e}; {hint}")))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_available(device: Device, _ordinal: usize) -> CliResult<()> {
+    Err(fail(format!(
+        "--device {device}: this binary was built without the `cuda` feature; use --device cpu"
+    )))
+}
+
+/// A tensor moved to `device` (the tensor itself when it is there already).
 pub fn to_device(t: &Tensor, device: Device) -> CliResult<Tensor> {
-    ensure_available(device)?;
-    Ok(t.clone())
+    Ok(t.to_device(device)?)
 }
 
 /// The inputs of a configuration, moved to `device`.
@@ -43,10 +65,46 @@ pub fn upload(x: &Inputs, device: Device) -> CliResult<Inputs> {
     })
 }
 
-/// A result tensor in host memory.
+/// A result tensor in host memory (a copy back from the GPU, which waits for the work queued
+/// before it).
 pub fn download(t: &Tensor) -> CliResult<Tensor> {
-    match t.device() {
-        Device::Cpu => Ok(t.clone()),
-        other => Err(fail(format!("cannot download a tensor from {other}"))),
+    to_device(t, Device::Cpu)
+}
+
+/// The compile and cached-load time of every kernel variant this process used on the GPU, as
+/// lines of text: each variant is compiled afresh by NVRTC and then loaded from the disk cache,
+/// whatever the caches held before. Empty on the CPU.
+#[cfg(feature = "cuda")]
+pub fn compile_report(device: Device) -> CliResult<Vec<String>> {
+    let Device::Cuda(ordinal) = device else {
+        return Ok(Vec::new());
+    };
+    let mut used: Vec<String> = flashattn::cuda::compile_records()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    used.sort();
+    used.dedup();
+    let sources = flashattn::cuda::kernel_sources();
+    let mut lines = Vec::new();
+    for name in used {
+        let Some(src) = sources.iter().find(|s| s.name == name) else {
+            continue;
+        };
+        let (fresh, cached) = flashattn::cuda::measure_compile(ordinal, src)?;
+        lines.push(format!(
+            "{name} ({}): first-use compile {:.1} ms (+ load {:.1} ms), cached load {:.1} ms",
+            fresh.arch,
+            fresh.compile_ms.unwrap_or(0.0),
+            fresh.load_ms,
+            cached.load_ms
+        ));
     }
+    Ok(lines)
+}
+
+/// The compile and cached-load time of every kernel variant used (none without CUDA).
+#[cfg(not(feature = "cuda"))]
+pub fn compile_report(_device: Device) -> CliResult<Vec<String>> {
+    Ok(Vec::new())
 }

@@ -4,8 +4,9 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::bench::{Measurement, Row, StandardOutcome};
+use super::bench::{Row, StandardOutcome};
 use super::output::write_bytes_atomic;
+use super::timing::Measurement;
 use super::{CliResult, fail};
 
 /// One configuration and method.
@@ -28,8 +29,11 @@ struct Record {
     time_ms: Option<f64>,
     /// FLOP rate of the fastest run in GFLOP/s; `null` when skipped.
     gflops: Option<f64>,
-    /// Peak heap bytes beyond inputs and outputs; `null` when skipped.
+    /// Memory beyond inputs and outputs; `null` when skipped or not measured.
     extra_memory_bytes: Option<u64>,
+    /// How `extra_memory_bytes` was obtained (`measured host heap peak` on the CPU, `planned
+    /// device allocation` for the GPU baseline), `null` when unknown.
+    extra_memory_source: Option<&'static str>,
     /// Why the method did not run, when it did not.
     skipped: Option<String>,
 }
@@ -50,7 +54,8 @@ fn record(r: &Row, method: &'static str, device: String, m: Option<&Measurement>
         causal: c.is_causal(),
         time_ms: m.map(|m| m.time_ms),
         gflops: m.map(|m| m.gflops),
-        extra_memory_bytes: m.map(|m| m.extra_bytes),
+        extra_memory_bytes: m.and_then(|m| m.extra.bytes()),
+        extra_memory_source: m.and_then(|m| m.extra.source()),
         skipped: None,
     }
 }

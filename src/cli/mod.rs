@@ -18,6 +18,7 @@ mod plot;
 mod run;
 mod table;
 mod tensor_files;
+mod timing;
 
 use std::process::ExitCode;
 

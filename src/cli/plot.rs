@@ -8,8 +8,9 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
 
-use super::bench::{Measurement, Row, StandardOutcome};
+use super::bench::{Row, StandardOutcome};
 use super::output::write_bytes_atomic;
+use super::timing::Measurement;
 use super::{CliResult, fail};
 
 const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
@@ -53,7 +54,7 @@ struct Series {
     label: String,
     color: RGBColor,
     dashed: bool,
-    /// (seqlen, GFLOP/s, extra MiB).
+    /// (seqlen, GFLOP/s, extra MiB or NaN when not known).
     points: Vec<(f64, f64, f64)>,
 }
 
@@ -77,7 +78,9 @@ fn series(rows: &[Row]) -> Vec<Series> {
         (
             r.config.nq as f64,
             m.gflops,
-            (m.extra_bytes as f64 / MIB).max(MEMORY_FLOOR_MIB),
+            m.extra
+                .bytes()
+                .map_or(f64::NAN, |b| (b as f64 / MIB).max(MEMORY_FLOOR_MIB)),
         )
     };
     let mut out = Vec::new();
@@ -125,7 +128,10 @@ where
 {
     let xs = all.iter().flat_map(|s| s.points.iter().map(|p| p.0));
     let (xmin, xmax) = xs.fold((f64::INFINITY, 0f64), |(a, b), x| (a.min(x), b.max(x)));
-    let ys = all.iter().flat_map(|s| s.points.iter().map(value));
+    let ys = all
+        .iter()
+        .flat_map(|s| s.points.iter().map(value))
+        .filter(|y| y.is_finite());
     let (ymin, ymax) = ys.fold((f64::INFINITY, 0f64), |(a, b), y| (a.min(y), b.max(y)));
     let mut ticks: Vec<f64> = all
         .iter()
@@ -162,7 +168,15 @@ where
                 })
                 .draw()?;
             for s in all {
-                let pts: Vec<(f64, f64)> = s.points.iter().map(|p| (p.0, value(p))).collect();
+                let pts: Vec<(f64, f64)> = s
+                    .points
+                    .iter()
+                    .map(|p| (p.0, value(p)))
+                    .filter(|p| p.1.is_finite())
+                    .collect();
+                if pts.is_empty() {
+                    continue;
+                }
                 let legend_style = style(s);
                 if s.dashed {
                     chart.draw_series(DashedLineSeries::new(pts.clone(), 10, 6, style(s)))?;

@@ -1,0 +1,126 @@
+//! Timing one call of a method, and its extra memory.
+//!
+//! * CPU: one untimed run, then `repeats` timed runs; the fastest is kept. The counting
+//!   allocator records each run's peak of heap bytes beyond what its results hold.
+//! * GPU: kernels run asynchronously, so a run is over only when its results can be read: after
+//!   an untimed run (compiling the kernels) and one synchronized run to size the batches, each of
+//!   `repeats` batches queues enough back-to-back calls for about 50 ms and waits for the last
+//!   one's (small) log-sum-exp to come back; the fastest batch's time per call is kept. Device
+//!   memory is not measured (the host heap says nothing about it).
+
+use std::time::Instant;
+
+use flashattn::{Device, Tensor};
+
+use super::{CliResult, device, memory};
+
+/// A GPU batch aims at this many seconds.
+const GPU_BATCH_SECONDS: f64 = 0.05;
+/// The most calls one GPU batch queues.
+const GPU_MAX_BATCH: usize = 200;
+
+/// How the extra memory figure was obtained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Extra {
+    /// Peak of host heap bytes during the call beyond its results (the counting allocator).
+    Measured(u64),
+    /// What the method allocates on the device by design (its own formula), not measured.
+    Planned(u64),
+    /// Nothing known (device memory of a GPU method).
+    Unknown,
+}
+
+impl Extra {
+    /// The bytes, when known.
+    pub fn bytes(self) -> Option<u64> {
+        match self {
+            Extra::Measured(b) | Extra::Planned(b) => Some(b),
+            Extra::Unknown => None,
+        }
+    }
+
+    /// What the figure is, for scripts: `measured`, `planned` or `null`.
+    pub fn source(self) -> Option<&'static str> {
+        match self {
+            Extra::Measured(_) => Some("measured host heap peak"),
+            Extra::Planned(_) => Some("planned device allocation"),
+            Extra::Unknown => None,
+        }
+    }
+}
+
+/// One method's figures.
+#[derive(Clone, Copy, Debug)]
+pub struct Measurement {
+    /// Fastest run, milliseconds.
+    pub time_ms: f64,
+    /// FLOP rate of the fastest run, GFLOP/s.
+    pub gflops: f64,
+    /// Memory beyond inputs and outputs.
+    pub extra: Extra,
+}
+
+fn bytes_of(ts: &[Tensor]) -> u64 {
+    ts.iter()
+        .map(|t| (t.numel() * t.dtype().size_in_bytes()) as u64)
+        .sum()
+}
+
+/// Times `call` on `dev` (see the module docs); `flops` is the work of one call.
+pub fn measure(
+    dev: Device,
+    repeats: u32,
+    flops: f64,
+    call: impl FnMut() -> CliResult<Vec<Tensor>>,
+) -> CliResult<Measurement> {
+    let (secs, extra) = match dev {
+        Device::Cpu => cpu(repeats, call)?,
+        Device::Cuda(_) => (gpu(repeats, call)?, Extra::Unknown),
+    };
+    Ok(Measurement {
+        time_ms: secs * 1e3,
+        gflops: flops / secs / 1e9,
+        extra,
+    })
+}
+
+fn cpu(repeats: u32, mut call: impl FnMut() -> CliResult<Vec<Tensor>>) -> CliResult<(f64, Extra)> {
+    drop(call()?);
+    let (mut best, mut extra) = (f64::INFINITY, 0u64);
+    for _ in 0..repeats {
+        let start = Instant::now();
+        let (outs, peak) = memory::peak_during(&mut call);
+        let secs = start.elapsed().as_secs_f64();
+        let outs = outs?;
+        best = best.min(secs);
+        extra = extra.max((peak as u64).saturating_sub(bytes_of(&outs)));
+    }
+    Ok((best, Extra::Measured(extra)))
+}
+
+/// Waits for the call that produced `outs`: reads its last (smallest) result back.
+fn wait(outs: &[Tensor]) -> CliResult<()> {
+    if let Some(t) = outs.last() {
+        device::download(t)?;
+    }
+    Ok(())
+}
+
+fn gpu(repeats: u32, mut call: impl FnMut() -> CliResult<Vec<Tensor>>) -> CliResult<f64> {
+    wait(&call()?)?;
+    let start = Instant::now();
+    wait(&call()?)?;
+    let one = start.elapsed().as_secs_f64().max(1e-6);
+    let batch = ((GPU_BATCH_SECONDS / one) as usize).clamp(1, GPU_MAX_BATCH);
+    let mut best = f64::INFINITY;
+    for _ in 0..repeats {
+        let start = Instant::now();
+        let mut last = Vec::new();
+        for _ in 0..batch {
+            last = call()?;
+        }
+        wait(&last)?;
+        best = best.min(start.elapsed().as_secs_f64() / batch as f64);
+    }
+    Ok(best)
+}
