@@ -415,6 +415,36 @@ impl Tensor {
         Ok(t)
     }
 
+    /// Another view of the same buffer (no copy, on any device): `shape` with `strides` (in
+    /// elements) starting at element `offset` of the buffer. Every element it reaches must lie
+    /// inside the buffer.
+    ///
+    /// ```
+    /// use flashattn::Tensor;
+    /// let t = Tensor::from_vec((0..12).map(|i| i as f32).collect::<Vec<_>>(), &[12])?;
+    /// let v = t.view(&[2, 3], &[6, 2], 1)?;
+    /// assert_eq!(v.to_vec::<f32>()?, vec![1.0, 3.0, 5.0, 7.0, 9.0, 11.0]);
+    /// # Ok::<(), flashattn::Error>(())
+    /// ```
+    pub fn view(&self, shape: &[usize], strides: &[usize], offset: usize) -> Result<Tensor> {
+        check_view(self.buffer_len(), shape, strides, offset, "self")?;
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            offset,
+            ..self.clone()
+        })
+    }
+
+    /// Elements in the whole buffer behind the view.
+    fn buffer_len(&self) -> usize {
+        match &*self.storage {
+            Storage::Cpu(s) => s.len(),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => s.len(),
+        }
+    }
+
     /// The whole host buffer behind the view (index it with `offset` and `strides`).
     pub(crate) fn cpu_storage(&self) -> Option<&CpuStorage> {
         match &*self.storage {

@@ -46,3 +46,65 @@ pub fn device_info(ordinal: usize) -> crate::Result<String> {
         g.max_shared_per_block / 1024
     ))
 }
+
+/// Test support: allocates `bytes` on GPU `ordinal`, fills them with 0xFF (NaN in every dtype)
+/// and frees them, so that the stream-ordered allocator hands poisoned memory to the next
+/// allocations (outputs are also poisoned when allocated; this catches any path that is not).
+#[doc(hidden)]
+pub fn poison_free_memory(ordinal: usize, bytes: usize) -> crate::Result<()> {
+    let gpu = device::gpu(ordinal)?;
+    let s = storage::CudaStorage::alloc_poisoned(&gpu, crate::DType::F32, bytes.div_ceil(4))?;
+    drop(s);
+    gpu.synchronize()
+}
+
+/// Fills every output buffer the GPU paths allocate with NaN before the kernels run (on) or not
+/// (off, the default unless `FLASHATTN_POISON_OUTPUTS=1`). Tests turn it on so that an element a
+/// kernel fails to write shows up; benchmarks leave it off (it is an extra pass over memory).
+pub fn set_poison_outputs(on: bool) {
+    storage::set_poison_outputs(on);
+}
+
+/// Waits until all work flashattn queued on GPU `ordinal` has finished; reports a failed kernel.
+pub fn synchronize(ordinal: usize) -> crate::Result<()> {
+    device::gpu(ordinal)?.synchronize()
+}
+
+/// Device time of `f` on GPU `ordinal`, in milliseconds, by CUDA events recorded on flashattn's
+/// stream around each call: `warmup` untimed calls, then one sample per timed call. `f` must
+/// queue its work on flashattn's stream (every flashattn call does) and need not synchronize.
+pub fn time_ms(
+    ordinal: usize,
+    warmup: usize,
+    samples: usize,
+    mut f: impl FnMut() -> crate::Result<()>,
+) -> crate::Result<Vec<f64>> {
+    use cudarc::driver::sys::CUevent_flags;
+    let gpu = device::gpu(ordinal)?;
+    for _ in 0..warmup {
+        f()?;
+    }
+    gpu.synchronize()?;
+    let event = || {
+        gpu.ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(device::Gpu::err("creating an event"))
+    };
+    let mut times = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let (start, end) = (event()?, event()?);
+        start
+            .record(&gpu.stream)
+            .map_err(device::Gpu::err("recording an event"))?;
+        f()?;
+        end.record(&gpu.stream)
+            .map_err(device::Gpu::err("recording an event"))?;
+        end.synchronize()
+            .map_err(device::Gpu::err("waiting for an event"))?;
+        let ms = start
+            .elapsed_ms(&end)
+            .map_err(device::Gpu::err("reading an event"))?;
+        times.push(f64::from(ms));
+    }
+    Ok(times)
+}

@@ -259,9 +259,9 @@ pub(crate) fn forward(p: &Problem, q: &Tensor, k: &Tensor, v: &Tensor) -> Result
 
     let out_shape = Problem::shape_like(q, p.head_dim_v);
     let out_strides = strides_like(q, &out_shape);
-    let out_store = CudaStorage::alloc_poisoned(&gpu, dt, out_shape.iter().product())?;
+    let out_store = CudaStorage::alloc_output(&gpu, dt, out_shape.iter().product())?;
     let lse_shape = p.lse_shape();
-    let lse_store = CudaStorage::alloc_poisoned(&gpu, DType::F32, lse_shape.iter().product())?;
+    let lse_store = CudaStorage::alloc_output(&gpu, DType::F32, lse_shape.iter().product())?;
     let out_layout = RowLayout {
         offset: 0,
         batch: if p.varlen { 0 } else { out_strides[0] },
@@ -328,11 +328,11 @@ pub(crate) fn forward(p: &Problem, q: &Tensor, k: &Tensor, v: &Tensor) -> Result
             .map_err(Gpu::err("launching standard_copy"))
     };
 
-    let packed_q = CudaStorage::alloc_poisoned(&gpu, dt, q_el)?;
-    let packed_k = CudaStorage::alloc_poisoned(&gpu, dt, k_el)?;
-    let packed_v = CudaStorage::alloc_poisoned(&gpu, dt, v_el)?;
-    let scores = CudaStorage::alloc_poisoned(&gpu, dt, s_el)?;
-    let mut packed_o = CudaStorage::alloc_poisoned(&gpu, dt, o_el)?;
+    let packed_q = CudaStorage::alloc_output(&gpu, dt, q_el)?;
+    let packed_k = CudaStorage::alloc_output(&gpu, dt, k_el)?;
+    let packed_v = CudaStorage::alloc_output(&gpu, dt, v_el)?;
+    let scores = CudaStorage::alloc_output(&gpu, dt, s_el)?;
+    let mut packed_o = CudaStorage::alloc_output(&gpu, dt, o_el)?;
     let input_ptr = |t: &Tensor| t.cuda_ptr().map(|a| a - t.offset() as u64 * esize);
     let (Some(q_ptr), Some(k_ptr), Some(v_ptr)) = (input_ptr(q), input_ptr(k), input_ptr(v)) else {
         return Err(Error::Cuda(
@@ -502,7 +502,8 @@ pub(crate) fn forward(p: &Problem, q: &Tensor, k: &Tensor, v: &Tensor) -> Result
         dv,
         false,
     )?;
-    g.synchronize()?;
+    // No synchronization: later uses of the outputs are ordered on the same stream, and a
+    // download waits for them.
     Ok(ForwardOutput {
         out: Tensor::from_cuda_storage(out_store, &out_shape, &out_strides, 0)?,
         lse: Tensor::from_cuda_storage(lse_store, &lse_shape, &contiguous_strides(&lse_shape), 0)?,

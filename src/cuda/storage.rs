@@ -5,6 +5,7 @@
 //! written by a kernel is read correctly by the next launch or download without extra events.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
 use half::{bf16, f16};
@@ -43,11 +44,52 @@ impl std::fmt::Debug for CudaStorage {
 
 /// Uninitialized device memory for `len` elements (at least one).
 fn alloc_raw<T: DeviceRepr>(gpu: &Gpu, len: usize) -> Result<CudaSlice<T>> {
-    // SAFETY: the memory is uninitialized; every caller fills it (poison or upload) before any read.
+    // SAFETY: the memory is uninitialized; every caller fills it (poison, upload, or a kernel
+    // that writes every element of an output) before any read.
     unsafe { gpu.stream.alloc::<T>(len.max(1)) }.map_err(Gpu::err("allocating device memory"))
 }
 
+/// Whether [`CudaStorage::alloc_output`] poisons: 0 = not decided yet, 1 = no, 2 = yes.
+static POISON_OUTPUTS: AtomicU8 = AtomicU8::new(0);
+
+/// Turns the poisoning of output buffers on or off for this process (default: on when the
+/// environment variable `FLASHATTN_POISON_OUTPUTS=1`, off otherwise).
+pub(crate) fn set_poison_outputs(on: bool) {
+    POISON_OUTPUTS.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+}
+
+/// Whether output buffers are poisoned.
+pub(crate) fn poison_outputs() -> bool {
+    match POISON_OUTPUTS.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var("FLASHATTN_POISON_OUTPUTS").is_ok_and(|v| v == "1");
+            set_poison_outputs(on);
+            on
+        }
+        v => v == 2,
+    }
+}
+
 impl CudaStorage {
+    /// An output buffer of `len` elements, which the caller's kernels must write entirely:
+    /// filled with NaN when poisoning is on (tests), left unwritten otherwise (no extra pass over
+    /// memory in production and benchmarks).
+    pub(crate) fn alloc_output(gpu: &Arc<Gpu>, dtype: DType, len: usize) -> Result<Self> {
+        if poison_outputs() {
+            return Self::alloc_poisoned(gpu, dtype, len);
+        }
+        let buf = match dtype {
+            DType::F32 => DeviceBuffer::F32(alloc_raw(gpu, len)?),
+            DType::F16 => DeviceBuffer::F16(alloc_raw(gpu, len)?),
+            DType::BF16 => DeviceBuffer::BF16(alloc_raw(gpu, len)?),
+        };
+        Ok(CudaStorage {
+            gpu: gpu.clone(),
+            buf,
+            len,
+        })
+    }
+
     /// A buffer of `len` elements with every byte 0xFF: NaN in f32, f16 and bf16, so an element a
     /// kernel fails to write is caught.
     pub(crate) fn alloc_poisoned(gpu: &Arc<Gpu>, dtype: DType, len: usize) -> Result<Self> {

@@ -2,6 +2,7 @@
 //! case description every grid uses, and error measures against the f64 oracle.
 #![allow(dead_code)]
 
+pub mod grid;
 mod measure;
 
 pub use measure::*;

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""flashattn's GPU forward next to PyTorch's scaled_dot_product_attention, in one run on one GPU.
+
+Runs the Rust driver (examples/cuda_bench.rs, built with `cargo build --release --example
+cuda_bench`) for flashattn's times, then times torch SDPA with the FlashAttention-2 backend
+(SDPBackend.FLASH_ATTENTION) and the cuDNN backend (SDPBackend.CUDNN_ATTENTION) on the same shapes
+and dtype. Every time is the median of CUDA-event samples after a warm-up; inputs are fresh random
+values (torch.randn), never zeros. TFLOP/s = 4·B·H·N²·D / time (causal: half the FLOPs).
+
+    python3 bench/compare_sdpa.py --bin target/release/examples/cuda_bench --json out.json
+
+Prints a table (TFLOP/s per method, flashattn's ratio to each peer) and writes every figure as
+JSON. Shapes default to the CUDA issue's: bf16, D in {64, 128}, causal and not,
+N in {512, ..., 16384}, batch·N = 16384, heads·D = 2048.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bin", default="target/release/examples/cuda_bench",
+                   help="the cuda_bench driver binary")
+    p.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
+    p.add_argument("--head-dims", default="64,128")
+    p.add_argument("--causal", default="both", choices=["both", "true", "false"])
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
+    p.add_argument("--tokens", type=int, default=16384, help="batch · seqlen")
+    p.add_argument("--model-dim", type=int, default=2048, help="heads · head_dim")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--samples", type=int, default=20)
+    p.add_argument("--standard", action="store_true",
+                   help="also time flashattn's GPU standard (materializing) attention")
+    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch peers")
+    p.add_argument("--json", help="write every figure here")
+    return p.parse_args()
+
+
+def run_flashattn(args):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "fa.json")
+        cmd = [args.bin, "--seqlens", args.seqlens, "--head-dims", args.head_dims,
+               "--causal", args.causal, "--dtype", args.dtype, "--tokens", str(args.tokens),
+               "--model-dim", str(args.model_dim), "--warmup", str(args.warmup),
+               "--samples", str(args.samples), "--json", out]
+        if args.standard:
+            cmd.append("--standard")
+        print("$", " ".join(cmd), flush=True)
+        r = subprocess.run(cmd)
+        if r.returncode != 0 or not os.path.exists(out):
+            sys.exit(f"cuda_bench failed with status {r.returncode}")
+        with open(out) as f:
+            return json.load(f)
+
+
+def time_torch(fn, warmup, samples):
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(samples):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def run_torch(args, shapes):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
+    backends = {"torch-fa2": SDPBackend.FLASH_ATTENTION, "torch-cudnn": SDPBackend.CUDNN_ATTENTION}
+    print(f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
+          f"{torch.cuda.get_device_name()}", flush=True)
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(2026)
+    for (b, n, h, d, causal) in shapes:
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen)
+                   for _ in range(3))
+        for name, backend in backends.items():
+            row = {"method": name, "dtype": args.dtype, "pass": "forward", "batch": b,
+                   "heads": h, "seqlen_q": n, "seqlen_k": n, "head_dim": d, "causal": causal}
+            try:
+                with sdpa_kernel(backend):
+                    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    assert torch.isfinite(out).all(), "non-finite output"
+                    t = time_torch(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                                   args.warmup, args.samples)
+                row.update(time_ms=statistics.median(t), samples_ms=t, error=None)
+            except Exception as e:  # a backend that does not take this shape: reported, not fatal
+                row.update(time_ms=None, samples_ms=[], error=f"{type(e).__name__}: {e}")
+                print(f"{name} B={b} N={n} H={h} D={d} causal={causal}: {row['error']}",
+                      file=sys.stderr)
+            rows.append(row)
+        del q, k, v
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    args = parse_args()
+    fa = run_flashattn(args)
+    rows = list(fa["results"])
+    shapes = sorted({(r["batch"], r["seqlen_q"], r["heads"], r["head_dim"], r["causal"])
+                     for r in rows}, key=lambda s: (s[3], s[4], s[1]))
+    if not args.no_torch:
+        rows += run_torch(args, shapes)
+    for r in rows:
+        flops = 4.0 * r["batch"] * r["heads"] * r["seqlen_q"] * r["seqlen_k"] * r["head_dim"]
+        if r["causal"]:
+            flops /= 2
+        r["flops"] = flops
+        r["tflops"] = flops / (r["time_ms"] * 1e-3) / 1e12 if r.get("time_ms") else None
+
+    def rate(method, s):
+        for r in rows:
+            if r["method"] == method and (r["batch"], r["seqlen_q"], r["heads"],
+                                          r["head_dim"], r["causal"]) == s:
+                return r["tflops"]
+        return None
+
+    methods = ["flashattn"] + (["standard"] if args.standard else []) + \
+        ([] if args.no_torch else ["torch-fa2", "torch-cudnn"])
+    fmt = lambda x: f"{x:8.1f}" if x else f"{'-':>8}"
+    ratio = lambda a, b: f"{a / b:7.2f}x" if a and b else f"{'-':>8}"
+    print()
+    print(f"device: {fa['device']}")
+    print(f"{args.dtype}, batch·N = {args.tokens}, heads·D = {args.model_dim}; TFLOP/s (median of "
+          f"{args.samples} after {args.warmup} warm-up), FLOPs = 4·B·H·N²·D (causal /2)")
+    head = f"{'D':>4} {'causal':>6} {'N':>6} {'B':>3} {'H':>3} |" + \
+        "".join(f" {m:>11}" for m in methods)
+    if not args.no_torch:
+        head += " | fa/FA2   fa/cuDNN"
+    print(head)
+    summary = []
+    for s in shapes:
+        b, n, h, d, causal = s
+        rates = [rate(m, s) for m in methods]
+        line = f"{d:>4} {str(causal):>6} {n:>6} {b:>3} {h:>3} |" + \
+            "".join(f"    {fmt(x)}" for x in rates)
+        if not args.no_torch:
+            fa_rate = rate("flashattn", s)
+            r_fa2, r_cudnn = rate("torch-fa2", s), rate("torch-cudnn", s)
+            line += f" | {ratio(fa_rate, r_fa2)} {ratio(fa_rate, r_cudnn)}"
+            summary.append({"batch": b, "seqlen": n, "heads": h, "head_dim": d, "causal": causal,
+                            "flashattn_tflops": fa_rate, "torch_fa2_tflops": r_fa2,
+                            "torch_cudnn_tflops": r_cudnn,
+                            "ratio_to_fa2": fa_rate / r_fa2 if fa_rate and r_fa2 else None,
+                            "ratio_to_cudnn": fa_rate / r_cudnn if fa_rate and r_cudnn else None})
+        print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": fa["device"], "dtype": args.dtype, "results": rows,
+                       "summary": summary, "compile_records": fa.get("compile_records", [])},
+                      f, indent=1)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One device run, on the GPU machine, from a folder staged by bench/stage.sh: the GPU tests, the
+# sanitizers on a small run of every kernel variant, and the benchmark against PyTorch SDPA.
+# Logs and JSON go to $OUT (the device tool brings them back); a summary is printed last.
+#
+#   bash .device-NAME/bench/device_run.sh [tests] [sanitize] [bench] [bench-quick]   (default: all three)
+set -uo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-/tmp/flashattn-out}
+mkdir -p "$OUT"
+export FLASHATTN_CACHE_DIR=${FLASHATTN_CACHE_DIR:-/tmp/flashattn-cache}
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
+steps=("$@"); [[ ${#steps[@]} -eq 0 ]] && steps=(tests sanitize bench)
+summary=()
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt"
+for step in "${steps[@]}"; do
+    t0=$SECONDS
+    case $step in
+    tests)
+        for t in "$here"/tests/*; do
+            n=$(basename "$t")
+            "$t" --include-ignored --test-threads=4 > "$OUT/test-$n.log" 2>&1
+            rc=$?
+            summary+=("test $n: rc=$rc $(grep -E '^test result' "$OUT/test-$n.log" | tail -1) ($((SECONDS - t0)) s)")
+            grep -E '^test .*FAILED|panicked' "$OUT/test-$n.log" | head -20
+        done ;;
+    sanitize)
+        bash "$here/bench/sanitize.sh" "$here/bin/cuda_smoke"
+        summary+=("sanitize: rc=$? ($((SECONDS - t0)) s)") ;;
+    bench|bench-quick)
+        extra=(); [[ $step == bench-quick ]] && extra=(--seqlens 1024,8192 --samples 5)
+        python3 "$here/bench/compare_sdpa.py" --bin "$here/bin/cuda_bench" --standard \
+            --json "$OUT/compare_sdpa.json" "${extra[@]}" 2>&1 | tee "$OUT/bench.log"
+        summary+=("bench: rc=${PIPESTATUS[0]} ($((SECONDS - t0)) s)") ;;
+    *) echo "unknown step $step" >&2 ;;
+    esac
+done
+echo
+printf '%s\n' "${summary[@]}"

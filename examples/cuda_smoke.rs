@@ -1,0 +1,212 @@
+//! One small GPU forward per kernel variant, for `compute-sanitizer` (memcheck, racecheck) and a
+//! quick check: every dtype, head dims from 1 to 512, plain, causal, all options at once, GQA and
+//! packed varlen, each compared with the CPU forward on the same inputs. Also runs the GPU
+//! standard attention once per dtype. Prints the kernel variants it loaded and those of
+//! `flashattn::cuda::kernel_sources()` it did not reach.
+//!
+//! `cargo run --release --example cuda_smoke` (exit status 1 on any error or mismatch)
+
+#[cfg(feature = "cuda")]
+mod smoke {
+    use flashattn::reference::standard;
+    use flashattn::{AttentionParams, DType, Device, Tensor};
+    use rand::{RngExt, SeedableRng, rngs::StdRng};
+
+    const GPU: Device = Device::Cuda(0);
+
+    fn random(rng: &mut StdRng, shape: &[usize], dtype: DType) -> flashattn::Result<Tensor> {
+        let n = shape.iter().product();
+        let data: Vec<f32> = (0..n).map(|_| rng.random_range(-1.7f32..1.7)).collect();
+        Tensor::from_vec(data, shape)?.to_dtype(dtype)
+    }
+
+    fn rel(a: &Tensor, b: &Tensor) -> flashattn::Result<f64> {
+        let (a, b) = (a.to_f64_vec()?, b.to_f64_vec()?);
+        if a.iter().any(|x| !x.is_finite()) {
+            return Ok(f64::INFINITY);
+        }
+        let num: f64 = a.iter().zip(&b).map(|(x, y)| (x - y).powi(2)).sum();
+        let den: f64 = b.iter().map(|y| y * y).sum();
+        Ok(if num == 0.0 { 0.0 } else { (num / den).sqrt() })
+    }
+
+    /// Bound on the difference to the CPU forward (both are FlashAttention in f32 arithmetic; the
+    /// outputs differ by the rounding of the output dtype).
+    fn bound(dtype: DType) -> f64 {
+        match dtype {
+            DType::F32 => 1e-5,
+            DType::F16 => 2e-3,
+            DType::BF16 => 1.6e-2,
+        }
+    }
+
+    struct Config {
+        name: &'static str,
+        heads: (usize, usize),
+        lens: (usize, usize),
+        varlen: Option<(Vec<i32>, Vec<i32>)>,
+        params: fn(&mut StdRng, usize, usize, usize, usize) -> AttentionParams,
+    }
+
+    fn configs() -> Vec<Config> {
+        vec![
+            Config {
+                name: "plain",
+                heads: (2, 2),
+                lens: (70, 130),
+                varlen: None,
+                params: |_, _, _, _, _| AttentionParams::default(),
+            },
+            Config {
+                name: "causal",
+                heads: (2, 2),
+                lens: (130, 70),
+                varlen: None,
+                params: |_, _, _, _, _| AttentionParams::default().causal(),
+            },
+            Config {
+                name: "window+alibi+softcap+bias gqa",
+                heads: (4, 2),
+                lens: (70, 130),
+                varlen: None,
+                params: |rng, b, h, nq, nk| {
+                    let slopes: Vec<f32> = (0..h).map(|_| rng.random_range(0.01f32..0.3)).collect();
+                    let bias: Vec<f32> = (0..b * nq * nk)
+                        .map(|_| rng.random_range(-1f32..1.0))
+                        .collect();
+                    AttentionParams::default()
+                        .window(20, 5)
+                        .softcap(5.0)
+                        .alibi(Tensor::from_vec(slopes, &[h]).expect("slopes"))
+                        .bias(Tensor::from_vec(bias, &[b, 1, nq, nk]).expect("bias"))
+                },
+            },
+            Config {
+                name: "varlen causal mqa",
+                heads: (4, 1),
+                lens: (0, 0),
+                varlen: Some((vec![0, 5, 5, 90, 160], vec![0, 40, 41, 60, 200])),
+                params: |_, _, _, _, _| AttentionParams::default().causal(),
+            },
+        ]
+    }
+
+    pub fn main() -> Result<(), String> {
+        let e = |e: flashattn::Error| e.to_string();
+        println!("device: {}", flashattn::cuda::device_info(0).map_err(e)?);
+        flashattn::cuda::set_poison_outputs(true);
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut failures = Vec::new();
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for d in [1, 32, 64, 80, 96, 128, 256, 512] {
+                for c in configs() {
+                    let (h, hk) = c.heads;
+                    let (qs, ks, b, nq, nk) = match &c.varlen {
+                        None => (
+                            vec![2, c.lens.0, h, d],
+                            vec![2, c.lens.1, hk, d],
+                            2,
+                            c.lens.0,
+                            c.lens.1,
+                        ),
+                        Some((cq, ck)) => {
+                            let (tq, tk) =
+                                (*cq.last().unwrap() as usize, *ck.last().unwrap() as usize);
+                            (vec![tq, h, d], vec![tk, hk, d], cq.len() - 1, 0, 0)
+                        }
+                    };
+                    let q = random(&mut rng, &qs, dtype).map_err(e)?;
+                    let k = random(&mut rng, &ks, dtype).map_err(e)?;
+                    let v = random(&mut rng, &ks, dtype).map_err(e)?;
+                    let mut p = (c.params)(&mut rng, b, h, nq, nk);
+                    if let Some((cq, ck)) = &c.varlen {
+                        p = p.varlen(cq.clone(), ck.clone());
+                    }
+                    let cpu = flashattn::forward(&q, &k, &v, &p).map_err(e)?;
+                    let up = |t: &Tensor| t.to_device(GPU);
+                    let mut gp = p.clone();
+                    gp.bias = p.bias.as_ref().map(up).transpose().map_err(e)?;
+                    let (gq, gk, gv) = (up(&q).map_err(e)?, up(&k).map_err(e)?, up(&v).map_err(e)?);
+                    let what = format!("{dtype} D={d} {}", c.name);
+                    match flashattn::forward(&gq, &gk, &gv, &gp) {
+                        Ok(g) => {
+                            let err = rel(&g.out, &cpu.out).map_err(e)?;
+                            let ok = err <= bound(dtype);
+                            println!(
+                                "[{}] {what}: rel to cpu {err:.2e}",
+                                if ok { "PASS" } else { "FAIL" }
+                            );
+                            if !ok {
+                                failures.push(what);
+                            }
+                        }
+                        Err(err) => {
+                            println!("[FAIL] {what}: {err}");
+                            failures.push(what);
+                        }
+                    }
+                }
+            }
+            // The standard attention's kernels, once per dtype.
+            let q = random(&mut rng, &[2, 70, 2, 64], dtype).map_err(e)?;
+            let p = AttentionParams::default().causal().softcap(3.0);
+            let cpu = standard::forward(&q, &q, &q, &p).map_err(e)?;
+            let g = q.to_device(GPU).map_err(e)?;
+            let s = standard::forward(&g, &g, &g, &p).map_err(e)?;
+            let err = rel(&s.out, &cpu.out).map_err(e)?;
+            let ok = err <= bound(dtype);
+            println!(
+                "[{}] standard {dtype}: rel to cpu standard {err:.2e}",
+                if ok { "PASS" } else { "FAIL" }
+            );
+            if !ok {
+                failures.push(format!("standard {dtype}"));
+            }
+        }
+        flashattn::cuda::synchronize(0).map_err(e)?;
+        let loaded: Vec<String> = flashattn::cuda::compile_records()
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        println!("variants loaded: {}", loaded.join(" "));
+        let missed: Vec<String> = flashattn::cuda::kernel_sources()
+            .into_iter()
+            .map(|s| s.name)
+            .filter(|n| !loaded.contains(n))
+            .collect();
+        println!(
+            "variants not reached: {}",
+            if missed.is_empty() {
+                "none".into()
+            } else {
+                missed.join(" ")
+            }
+        );
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} failures: {}",
+                failures.len(),
+                failures.join(", ")
+            ))
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn main() -> std::process::ExitCode {
+    match smoke::main() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cuda_smoke: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn main() {
+    eprintln!("cuda_smoke needs the `cuda` feature");
+    std::process::exit(1);
+}

@@ -1,0 +1,379 @@
+//! The GPU forward against the f64 oracle over the CPU tests' grid (`tests/common/grid.rs`), and
+//! the device-tensor API. Needs a CUDA device: run with
+//! `cargo test --release --test cuda_forward -- --include-ignored` on a machine with a GPU.
+//!
+//! Each case draws fresh random inputs (seed printed), uploads q, k, v, the bias and the ALiBi
+//! slopes, poisons the allocator's free memory with NaN, and runs flashattn's forward and the GPU
+//! standard attention. Bounds: f32 relative error ≤ 1e-5; f16/bf16 within 2× the GPU standard
+//! attention's error in the same precision (+`HALF_FLOOR`); the log-sum-exp as in
+//! `common::lse_tolerance`. The GPU standard attention is itself checked against the CPU one, so
+//! the yardstick cannot drift.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use common::{
+    Case, F32_TOL, HALF_FLOOR, Inputs, Layout, Worst, assert_laid_out_like, describe, grid,
+    lse_error, lse_tolerance, rel, rng, tolerance,
+};
+use flashattn::reference::{oracle, standard};
+use flashattn::{AttentionParams, DType, Device, Error, Tensor};
+
+const GPU: Device = Device::Cuda(0);
+
+/// q, k, v and every tensor of the params moved to `device`.
+fn to_device(x: &Inputs, device: Device) -> Inputs {
+    let up = |t: &Tensor| t.to_device(device).expect("upload");
+    let mut p = x.p.clone();
+    p.bias = p.bias.as_ref().map(up);
+    p.alibi_slopes = p.alibi_slopes.as_ref().map(up);
+    Inputs {
+        q: up(&x.q),
+        k: up(&x.k),
+        v: up(&x.v),
+        dout: up(&x.dout),
+        p,
+    }
+}
+
+/// Errors of one case on the GPU.
+#[derive(Debug)]
+struct GpuErrors {
+    out: f64,
+    lse: f64,
+    standard: f64,
+    standard_lse: f64,
+    cpu_standard: f64,
+}
+
+/// Outputs are allocated filled with NaN, and the allocator's free memory is poisoned too.
+fn poison() {
+    flashattn::cuda::set_poison_outputs(true);
+    flashattn::cuda::poison_free_memory(0, 64 << 20).expect("poisoning free GPU memory");
+}
+
+fn gpu_errors(case: &Case, x: &Inputs) -> GpuErrors {
+    let o = oracle::forward(&x.q, &x.k, &x.v, &x.p).expect("oracle forward");
+    let cpu_std = standard::forward(&x.q, &x.k, &x.v, &x.p).expect("cpu standard forward");
+    let g = to_device(x, GPU);
+    poison();
+    let s = standard::forward(&g.q, &g.k, &g.v, &g.p).expect("gpu standard forward");
+    poison();
+    let f = flashattn::forward(&g.q, &g.k, &g.v, &g.p).expect("gpu forward");
+    for (t, what) in [(&f.out, "out"), (&f.lse, "lse"), (&s.out, "standard out")] {
+        assert_eq!(t.device(), GPU, "{what} is not on the GPU");
+    }
+    assert_eq!(f.out.shape(), cpu_std.out.shape(), "out shape");
+    assert_eq!(f.lse.shape(), cpu_std.lse.shape(), "lse shape");
+    assert_eq!(f.lse.dtype(), DType::F32);
+    assert_laid_out_like(&f.out, &g.q, "out");
+    assert_laid_out_like(&s.out, &g.q, "standard out");
+    let out = f.out.to_f64_vec().unwrap();
+    if let Some(i) = out.iter().position(|v| !v.is_finite()) {
+        panic!(
+            "{}: out[{i}] = {} (unwritten or NaN)",
+            describe(case),
+            out[i]
+        );
+    }
+    let std_out = s.out.to_f64_vec().unwrap();
+    assert!(
+        std_out.iter().all(|v| v.is_finite()),
+        "standard: non-finite output"
+    );
+    GpuErrors {
+        out: rel(&out, &o.out),
+        lse: lse_error(&f.lse.to_f64_vec().unwrap(), &o.lse),
+        standard: rel(&std_out, &o.out),
+        standard_lse: lse_error(&s.lse.to_f64_vec().unwrap(), &o.lse),
+        cpu_standard: rel(&cpu_std.out.to_f64_vec().unwrap(), &o.out),
+    }
+}
+
+/// The GPU standard attention is a fair yardstick: f32 within the f32 bound, f16/bf16 no worse
+/// than twice the CPU standard attention in the same precision.
+fn standard_ok(dtype: DType, e: &GpuErrors) -> bool {
+    match dtype {
+        DType::F32 => e.standard <= F32_TOL,
+        _ => e.standard <= 2.0 * e.cpu_standard + HALF_FLOOR,
+    }
+}
+
+fn check_gpu_cases(test: &str, seed0: u64, cases: &[Case]) {
+    let mut failures = Vec::new();
+    let mut worst = Worst::default();
+    for (n, case) in cases.iter().enumerate() {
+        let seed = seed0 + n as u64;
+        let x = case.inputs(&mut rng(seed));
+        let e = gpu_errors(case, &x);
+        let tol = tolerance(case.dtype, e.standard);
+        let lse_tol = lse_tolerance(case.dtype, e.standard_lse);
+        let ok = e.out <= tol && e.lse <= lse_tol && standard_ok(case.dtype, &e);
+        println!(
+            "[{}] gpu {test} #{n} seed {seed} {}: out rel {:.2e} (gpu standard {:.2e}, cpu standard {:.2e}, bound {:.2e}), lse {:.2e} (bound {:.2e})",
+            if ok { "PASS" } else { "FAIL" },
+            describe(case),
+            e.out,
+            e.standard,
+            e.cpu_standard,
+            tol,
+            e.lse,
+            lse_tol
+        );
+        let ratio = if e.standard > 0.0 {
+            e.out / e.standard
+        } else {
+            0.0
+        };
+        worst.add(case.dtype, e.out, ratio, e.lse);
+        if !ok {
+            failures.push(format!("#{n} seed {seed} {}: {e:?}", describe(case)));
+        }
+    }
+    worst.print(&format!("gpu {test}"), "out");
+    assert!(
+        failures.is_empty(),
+        "gpu {test}: {} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+macro_rules! grid_tests {
+    ($($name:ident: $seed:expr),* $(,)?) => {$(
+        #[test]
+        #[ignore = "needs a CUDA device"]
+        fn $name() {
+            check_gpu_cases(stringify!($name), $seed, &grid::$name());
+        }
+    )*};
+}
+
+grid_tests! {
+    sequence_lengths: 110_000,
+    head_dims: 120_000,
+    head_dim_v_differs: 130_000,
+    batch_and_gqa: 140_000,
+    options_alone: 150_000,
+    options_combined: 160_000,
+    dtypes_and_layouts: 170_000,
+    varlen: 180_000,
+}
+
+/// Logits of ±1e4 and rows that see no key (causal with Nq > Nk): finite output, 0 and −∞.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn extreme_logits_and_empty_rows() {
+    for dtype in grid::DTYPES {
+        let case = Case::new(65, 7, 64).causal().dtype(dtype).scale(1e4 / 8.0);
+        let x = case.inputs(&mut rng(190_000));
+        let g = to_device(&x, GPU);
+        poison();
+        let f = flashattn::forward(&g.q, &g.k, &g.v, &g.p).expect("gpu forward");
+        let out = f.out.to_f32_vec().unwrap();
+        let lse = f.lse.to_f32_vec().unwrap();
+        assert!(
+            out.iter().all(|v| v.is_finite()),
+            "{dtype}: non-finite output"
+        );
+        // Query i sees keys 0..=i + 7 - 65: the first 58 rows see none.
+        for i in 0..58 {
+            assert_eq!(lse[i], f32::NEG_INFINITY, "{dtype}: lse[{i}]");
+            assert!(
+                out[i * 64..(i + 1) * 64].iter().all(|&v| v == 0.0),
+                "{dtype}: row {i}"
+            );
+        }
+        let o = oracle::forward(&x.q, &x.k, &x.v, &x.p).unwrap();
+        let s = standard::forward(&g.q, &g.k, &g.v, &g.p).unwrap();
+        let e = rel(&f.out.to_f64_vec().unwrap(), &o.out);
+        let es = rel(&s.out.to_f64_vec().unwrap(), &o.out);
+        println!("extreme logits {dtype}: out rel {e:.2e} (gpu standard {es:.2e})");
+        assert!(
+            e <= tolerance(dtype, es),
+            "{dtype}: {e:e} vs standard {es:e}"
+        );
+    }
+}
+
+/// q, k, v as views of one fused `[batch, seqlen, 3, heads, dim]` buffer, uploaded once.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn packed_qkv_views() {
+    for (n, (b, len, h, d, dtype)) in [
+        (2, 65, 4, 32, DType::F32),
+        (1, 113, 2, 64, DType::F16),
+        (3, 7, 8, 128, DType::BF16),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut r = rng(195_000 + n as u64);
+        let buf = common::values(&mut r, b * len * 3 * h * d, 1.7);
+        let host = Tensor::from_vec(buf, &[b * len * 3 * h * d])
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let dev = host.to_device(GPU).unwrap();
+        let view = |t: &Tensor, which: usize| {
+            let data = t.clone();
+            flashattn_view(
+                &data,
+                [b, len, h, d],
+                [len * 3 * h * d, 3 * h * d, d, 1],
+                which * h * d,
+            )
+        };
+        for p in [
+            AttentionParams::default(),
+            AttentionParams::default().causal(),
+        ] {
+            let (q, k, v) = (view(&dev, 0), view(&dev, 1), view(&dev, 2));
+            let (hq, hk, hv) = (view(&host, 0), view(&host, 1), view(&host, 2));
+            poison();
+            let f = flashattn::forward(&q, &k, &v, &p).unwrap();
+            let s = standard::forward(&q, &k, &v, &p).unwrap();
+            let o = oracle::forward(&hq, &hk, &hv, &p).unwrap();
+            let e = rel(&f.out.to_f64_vec().unwrap(), &o.out);
+            let es = rel(&s.out.to_f64_vec().unwrap(), &o.out);
+            println!(
+                "packed qkv B={b} N={len} H={h} D={d} {dtype}: out rel {e:.2e} (gpu standard {es:.2e})"
+            );
+            assert!(e <= tolerance(dtype, es), "{e:e} vs standard {es:e}");
+        }
+    }
+}
+
+/// A `[b, n, h, d]` view with `strides` at `offset` of the flat tensor `t` (on any device).
+fn flashattn_view(t: &Tensor, shape: [usize; 4], strides: [usize; 4], offset: usize) -> Tensor {
+    t.view(&shape, &strides, offset).expect("view")
+}
+
+/// Upload and download give back every element bit for bit, in every dtype, for contiguous
+/// tensors, transposed views and views at an offset; the view keeps its strides on the GPU.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn upload_download_round_trip() {
+    let mut r = rng(200_000);
+    for dtype in grid::DTYPES {
+        let t = common::tensor(&mut r, &[2, 33, 3, 40], dtype, Layout::Bhnd);
+        let g = t.to_device(GPU).unwrap();
+        assert_eq!(g.device(), GPU);
+        assert_eq!(
+            (g.shape(), g.strides(), g.offset()),
+            (t.shape(), t.strides(), t.offset())
+        );
+        assert_eq!(g.dtype(), dtype);
+        let back = g.to_device(Device::Cpu).unwrap();
+        assert_eq!(back.device(), Device::Cpu);
+        let bits = |x: &Tensor| {
+            x.to_f32_vec()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&back), bits(&t), "{dtype}: round trip");
+        assert_eq!(bits(&g), bits(&t), "{dtype}: to_f32_vec of a device tensor");
+        // A transposed view of the device tensor reads like the same view on the host.
+        let gt = g.transpose(0, 3).unwrap();
+        assert_eq!(
+            bits(&gt),
+            bits(&t.transpose(0, 3).unwrap()),
+            "{dtype}: transposed view"
+        );
+        // Converting on the device keeps the result there.
+        let c = g.to_dtype(DType::F32).unwrap();
+        assert_eq!(c.device(), GPU);
+        assert_eq!(bits(&c), bits(&t.to_dtype(DType::F32).unwrap()));
+        // Same device: no copy, the same view.
+        let same = g.to_device(GPU).unwrap();
+        assert_eq!(same.strides(), g.strides());
+    }
+    let empty = Tensor::from_vec(Vec::<f32>::new(), &[0, 4]).unwrap();
+    let ge = empty.to_device(GPU).unwrap();
+    assert_eq!(ge.shape(), &[0, 4]);
+    assert!(ge.to_vec::<f32>().unwrap().is_empty());
+}
+
+/// Tensors of one call on different devices, a missing GPU, and the backward on the GPU give
+/// typed errors naming the argument.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn device_errors() {
+    let x = Case::new(9, 11, 16).inputs(&mut rng(210_000));
+    let g = to_device(&x, GPU);
+    let p = AttentionParams::default();
+    for (q, k, v, arg) in [
+        (&g.q, &x.k, &g.v, "k"),
+        (&g.q, &g.k, &x.v, "v"),
+        (&x.q, &g.k, &g.v, "k"),
+    ] {
+        match flashattn::forward(q, k, v, &p) {
+            Err(Error::DeviceMismatch { arg: a, .. }) => assert_eq!(a, arg),
+            other => panic!("expected a device mismatch on `{arg}`, got {other:?}"),
+        }
+    }
+    let host_bias = Tensor::from_vec(vec![0.25f32; 9 * 11], &[1, 1, 9, 11]).unwrap();
+    match flashattn::forward(&g.q, &g.k, &g.v, &p.clone().bias(host_bias)) {
+        Err(Error::DeviceMismatch { arg, .. }) => assert_eq!(arg, "bias"),
+        other => panic!("expected a device mismatch on `bias`, got {other:?}"),
+    }
+    match x.q.to_device(Device::Cuda(4096)) {
+        Err(Error::NoCudaDevice { ordinal, count }) => {
+            assert_eq!(ordinal, 4096);
+            assert!(count >= 1);
+        }
+        other => panic!("expected NoCudaDevice, got {other:?}"),
+    }
+    let f = flashattn::forward(&g.q, &g.k, &g.v, &p);
+    if let Ok(f) = f {
+        let e = flashattn::backward(&g.q, &g.k, &g.v, &f.out, &f.lse, &f.out, &p).unwrap_err();
+        assert!(
+            matches!(e, Error::Unsupported { device: "cuda", .. }),
+            "{e:?}"
+        );
+    }
+}
+
+/// The GPU standard attention alone over the whole grid (its own correctness, and the
+/// yardstick's), so a broken baseline is reported apart from the kernels.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_standard_attention_grid() {
+    let mut failures = Vec::new();
+    for (test, seed0, cases) in grid::all() {
+        for (n, case) in cases.iter().enumerate() {
+            let seed = seed0 + 500_000 + n as u64;
+            let x = case.inputs(&mut rng(seed));
+            let o = oracle::forward(&x.q, &x.k, &x.v, &x.p).unwrap();
+            let cpu = standard::forward(&x.q, &x.k, &x.v, &x.p).unwrap();
+            let g = to_device(&x, GPU);
+            poison();
+            let s = standard::forward(&g.q, &g.k, &g.v, &g.p).unwrap();
+            assert_laid_out_like(&s.out, &g.q, "standard out");
+            let es = rel(&s.out.to_f64_vec().unwrap(), &o.out);
+            let ec = rel(&cpu.out.to_f64_vec().unwrap(), &o.out);
+            let el = lse_error(&s.lse.to_f64_vec().unwrap(), &o.lse);
+            let ecl = lse_error(&cpu.lse.to_f64_vec().unwrap(), &o.lse);
+            let ok = match case.dtype {
+                DType::F32 => es <= F32_TOL && el <= F32_TOL,
+                _ => es <= 2.0 * ec + HALF_FLOOR && el <= lse_tolerance(case.dtype, ecl),
+            };
+            println!(
+                "[{}] gpu standard {test} #{n} seed {seed} {}: out rel {es:.2e} (cpu standard {ec:.2e}), lse {el:.2e} (cpu {ecl:.2e})",
+                if ok { "PASS" } else { "FAIL" },
+                describe(case)
+            );
+            if !ok {
+                failures.push(format!("{test} #{n} seed {seed} {}", describe(case)));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
