@@ -20,7 +20,7 @@ for step in "${steps[@]}"; do
     tests)
         for t in "$here"/tests/*; do
             n=$(basename "$t")
-            "$t" --include-ignored --test-threads=4 > "$OUT/test-$n.log" 2>&1
+            "$t" --include-ignored --test-threads=4 --show-output > "$OUT/test-$n.log" 2>&1
             rc=$?
             summary+=("test $n: rc=$rc $(grep -E '^test result' "$OUT/test-$n.log" | tail -1) ($((SECONDS - t0)) s)")
             grep -E '^test .*FAILED|panicked' "$OUT/test-$n.log" | head -20
