@@ -205,7 +205,9 @@ fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()>
     })
 }
 
-type FunctionCache = HashMap<(usize, u128), CudaFunction>;
+/// Loaded kernels by (GPU ordinal, variant name, entry); each entry keeps the source it was built
+/// from, compared in full on lookup (a memcmp, cheaper than hashing the source on every launch).
+type FunctionCache = HashMap<(usize, String, String), Vec<(String, CudaFunction)>>;
 
 fn function_cache() -> &'static Mutex<FunctionCache> {
     static CACHE: OnceLock<Mutex<FunctionCache>> = OnceLock::new();
@@ -252,13 +254,16 @@ fn load(gpu: &Gpu, src: &KernelSource, cubin: Vec<u8>) -> Result<CudaFunction> {
 
 /// The kernel of `src` loaded on `gpu`, compiled on first use (see the module docs for the caches).
 pub(crate) fn function(gpu: &Gpu, src: &KernelSource) -> Result<CudaFunction> {
-    let key = key_for(src, &gpu.arch)?;
     let mut cache = function_cache().lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(f) = cache.get(&(gpu.ordinal, key)) {
+    let slot = cache
+        .entry((gpu.ordinal, src.name.clone(), src.entry.clone()))
+        .or_default();
+    if let Some((_, f)) = slot.iter().find(|(code, _)| *code == src.code) {
         return Ok(f.clone());
     }
+    let key = key_for(src, &gpu.arch)?;
     let (f, record) = load_uncached(gpu, src, key, true)?;
-    cache.insert((gpu.ordinal, key), f.clone());
+    slot.push((src.code.clone(), f.clone()));
     drop(cache);
     records()
         .lock()
