@@ -1,27 +1,339 @@
-//! The FlashAttention forward on the GPU (placeholder until the kernels land).
+//! The FlashAttention forward on the GPU: picks the kernel and tile ([`super::tile_config`]),
+//! builds the variant's source (defines pasted before the shared headers), compiles it on first
+//! use through the cached loader, and launches it with a [`FlashParams`] on the GPU's stream.
 
-use super::compile::KernelSource;
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+
+use super::compile::{KernelSource, function};
+use super::device::{Gpu, gpu};
+use super::params::{FlashParams, Pointers};
+use super::storage::CudaStorage;
+use super::tile_config::{Alignment, GENERAL_ROWS, GENERAL_THREADS, Path, choose};
 use crate::attention::ForwardOutput;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::params::AttentionParams;
-use crate::problem::Problem;
-use crate::tensor::Tensor;
+use crate::problem::{Problem, row_layout, strides_like};
+use crate::tensor::{Device, Tensor, contiguous_strides};
 
-/// Every forward kernel variant (none yet).
-pub fn kernel_sources() -> Vec<KernelSource> {
-    Vec::new()
+const COMMON: &str = include_str!("../../kernels/common.cuh");
+const MMA: &str = include_str!("../../kernels/mma.cuh");
+const FWD_MMA: &str = include_str!("../../kernels/flash_fwd_mma.cu");
+const FWD_GENERAL: &str = include_str!("../../kernels/flash_fwd_general.cu");
+
+/// The compile-time options of a variant: each one removes its code when off.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Options {
+    pub softcap: bool,
+    pub alibi: bool,
+    pub bias: bool,
+    /// A window (causal included) hides some keys.
+    pub mask: bool,
+    /// `scale <= 0`: the row max must be taken after scaling.
+    pub nonpos_scale: bool,
 }
 
-/// Runs the forward of a validated problem whose tensors live on one GPU.
+impl Options {
+    fn of(p: &Problem) -> Self {
+        Options {
+            softcap: p.softcap.is_some(),
+            alibi: p.alibi.is_some(),
+            bias: p.bias.is_some(),
+            mask: !p.window.is_full(),
+            nonpos_scale: p.scale <= 0.0,
+        }
+    }
+
+    const ALL: Options = Options {
+        softcap: true,
+        alibi: true,
+        bias: true,
+        mask: true,
+        nonpos_scale: true,
+    };
+
+    fn defines(&self) -> String {
+        let flag = |name: &str, on: bool| format!("#define {name} {}\n", on as u8);
+        [
+            flag("HAS_SOFTCAP", self.softcap),
+            flag("HAS_ALIBI", self.alibi),
+            flag("HAS_BIAS", self.bias),
+            flag("HAS_MASK", self.mask),
+            flag("NONPOS_SCALE", self.nonpos_scale),
+        ]
+        .concat()
+    }
+
+    fn suffix(&self) -> String {
+        let tags = [
+            (self.softcap, "_softcap"),
+            (self.alibi, "_alibi"),
+            (self.bias, "_bias"),
+            (self.mask, "_mask"),
+            (self.nonpos_scale, "_negscale"),
+        ];
+        tags.iter().filter(|t| t.0).map(|t| t.1).collect()
+    }
+}
+
+fn dtype_define(dtype: DType) -> (&'static str, &'static str) {
+    match dtype {
+        DType::F32 => ("ELEM_F32", "f32"),
+        DType::F16 => ("ELEM_F16", "f16"),
+        DType::BF16 => ("ELEM_BF16", "bf16"),
+    }
+}
+
+/// The translation unit of one variant.
+pub(crate) fn kernel_source(path: &Path, dtype: DType, opts: Options) -> KernelSource {
+    let (elem, tname) = dtype_define(dtype);
+    let mut code = format!("#define {elem} 1\n{}", opts.defines());
+    let (name, entry) = match path {
+        Path::Mma(t) => {
+            code += &format!(
+                "#define DQK {}\n#define DV {}\n#define BR {}\n#define BC {}\n#define NWARPS {}\n\
+                 #define Q_IN_REGS {}\n#define MIN_BLOCKS {}\n",
+                t.dqk, t.dv, t.br, t.bc, t.warps, t.q_in_regs as u8, t.min_blocks
+            );
+            code += &[COMMON, MMA, FWD_MMA].join("\n");
+            let name = format!(
+                "fwd_mma_{tname}_d{}x{}_{}x{}w{}{}",
+                t.dqk,
+                t.dv,
+                t.br,
+                t.bc,
+                t.warps,
+                if t.q_in_regs { "q" } else { "" }
+            );
+            (name, "flash_fwd_mma")
+        }
+        Path::General(t) => {
+            code += &format!(
+                "#define DQK_MAX {}\n#define DV_MAX {}\n#define BCG {}\n",
+                t.dqk, t.dv, t.bc
+            );
+            code += &[COMMON, FWD_GENERAL].join("\n");
+            (
+                format!("fwd_general_{tname}_d{}x{}_bc{}", t.dqk, t.dv, t.bc),
+                "flash_fwd_general",
+            )
+        }
+    };
+    KernelSource {
+        name: name + &opts.suffix(),
+        code,
+        entry: entry.into(),
+    }
+}
+
+/// Every forward variant: each tile the tile table can pick (tensor-core: f16 and bf16, head dims
+/// 32..=256 on 227 KB and 99 KB parts; CUDA-core: every dtype, head dims 32..=512), with all
+/// options on (every `#if` branch of the kernels compiled), plus the options-off variant of
+/// each tensor-core tile and of the CUDA-core kernel at head dim 64.
+pub fn kernel_sources() -> Vec<KernelSource> {
+    let mut tiles: Vec<(Path, DType)> = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        for d in (32..=256).step_by(32) {
+            for max_shared in [227 * 1024, 99 * 1024] {
+                let t = Path::Mma(super::tile_config::mma_tile(d, d, max_shared));
+                if !tiles.contains(&(t, dtype)) {
+                    tiles.push((t, dtype));
+                }
+            }
+        }
+    }
+    let mut out: Vec<KernelSource> = Vec::new();
+    for (t, dtype) in &tiles {
+        out.push(kernel_source(t, *dtype, Options::default()));
+        out.push(kernel_source(t, *dtype, Options::ALL));
+    }
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for d in (32..=512).step_by(32) {
+            let t = Path::General(super::tile_config::general_tile(d, d));
+            out.push(kernel_source(&t, dtype, Options::ALL));
+        }
+        let t = Path::General(super::tile_config::general_tile(64, 64));
+        out.push(kernel_source(&t, dtype, Options::default()));
+    }
+    out
+}
+
+fn too_large(what: &str, n: usize) -> Error {
+    Error::Unsupported {
+        device: "cuda",
+        what: format!("{what} = {n} (the CUDA kernels index rows with 32-bit integers)"),
+    }
+}
+
+fn device_ptr_of(t: &Tensor, arg: &'static str) -> Result<u64> {
+    t.cuda_ptr().ok_or_else(|| Error::DeviceMismatch {
+        arg,
+        expected: "a CUDA tensor".into(),
+        got: t.device().to_string(),
+    })
+}
+
+fn upload<T: cudarc::driver::DeviceRepr>(g: &Gpu, v: &[T]) -> Result<CudaSlice<T>> {
+    g.stream
+        .clone_htod(v)
+        .map_err(Gpu::err("copying kernel inputs to the device"))
+}
+
+/// Runs the forward of a validated problem whose tensors live on one GPU. The output (shaped like
+/// `q` with `v`'s head dim, in `q`'s memory order) and the LSE are allocated on the device,
+/// poisoned, and fully written by the kernel.
 pub(crate) fn forward(
-    _problem: &Problem,
-    _q: &Tensor,
-    _k: &Tensor,
-    _v: &Tensor,
+    p: &Problem,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
     _params: &AttentionParams,
 ) -> Result<ForwardOutput> {
-    Err(Error::Unsupported {
-        device: "cuda",
-        what: "the forward kernels are not built yet".into(),
-    })
+    let Device::Cuda(ordinal) = p.device else {
+        return Err(Error::DeviceMismatch {
+            arg: "q",
+            expected: "a CUDA tensor".into(),
+            got: p.device.to_string(),
+        });
+    };
+    let g = gpu(ordinal)?;
+    let limit = i32::MAX as usize;
+    for (what, n) in [
+        ("query rows", p.total_q.max(p.max_nq)),
+        ("key rows", p.max_nk.max(k.shape()[0])),
+        ("batch · heads", p.batch * p.heads_q),
+    ] {
+        if n > limit {
+            return Err(too_large(what, n));
+        }
+    }
+
+    let out_shape = Problem::shape_like(q, p.head_dim_v);
+    let out_strides = strides_like(q, &out_shape);
+    let out_len: usize = out_shape.iter().product();
+    let out_store = CudaStorage::alloc_poisoned(&g, p.dtype, out_len)?;
+    let o_ptr = out_store.device_ptr();
+    let out = Tensor::from_cuda_storage(out_store, &out_shape, &out_strides, 0)?;
+    let lse_shape = p.lse_shape();
+    let lse_len: usize = lse_shape.iter().product();
+    let lse_store = CudaStorage::alloc_poisoned(&g, DType::F32, lse_len)?;
+    let lse_ptr = lse_store.device_ptr();
+    let lse = Tensor::from_cuda_storage(lse_store, &lse_shape, &contiguous_strides(&lse_shape), 0)?;
+    if out_len == 0 || lse_len == 0 {
+        return Ok(ForwardOutput { out, lse });
+    }
+
+    let mut ptr = Pointers {
+        q: device_ptr_of(q, "q")?,
+        k: device_ptr_of(k, "k")?,
+        v: device_ptr_of(v, "v")?,
+        o: o_ptr,
+        lse: lse_ptr,
+        ..Pointers::default()
+    };
+    // Kept alive until the launch is queued; their frees are ordered after it on the stream.
+    let alibi = p.alibi.as_ref().map(|s| upload(&g, s)).transpose()?;
+    let cu = if p.varlen {
+        let mut cu_q: Vec<i32> = p.seqs.iter().map(|s| s.q_row0 as i32).collect();
+        let mut cu_k: Vec<i32> = p.seqs.iter().map(|s| s.k_row0 as i32).collect();
+        let last = p.seqs.last();
+        cu_q.push(last.map_or(0, |s| (s.q_row0 + s.nq) as i32));
+        cu_k.push(last.map_or(0, |s| (s.k_row0 + s.nk) as i32));
+        Some((upload(&g, &cu_q)?, upload(&g, &cu_k)?))
+    } else {
+        None
+    };
+    let bias = match &p.bias {
+        Some((t, _)) => Some(t.to_device(p.device)?),
+        None => None,
+    };
+    if let Some(a) = &alibi {
+        ptr.alibi = a.device_ptr(&g.stream).0;
+    }
+    if let Some((cq, ck)) = &cu {
+        ptr.cu_q = cq.device_ptr(&g.stream).0;
+        ptr.cu_k = ck.device_ptr(&g.stream).0;
+    }
+    if let Some(b) = &bias {
+        ptr.bias = device_ptr_of(b, "bias")?;
+    }
+    let params = FlashParams::new(p, ptr, &row_layout(&out));
+
+    let align = Alignment {
+        strides: [&p.q, &p.k, &p.v]
+            .iter()
+            .flat_map(|l| [l.batch, l.row, l.head])
+            .collect(),
+        addresses: vec![ptr.q, ptr.k, ptr.v],
+    };
+    let path = choose(p, &align, g.max_shared_per_block);
+    let (rows, threads, shared) = match &path {
+        Path::Mma(t) => (t.br, t.threads(), t.shared_bytes()),
+        Path::General(t) => (GENERAL_ROWS, GENERAL_THREADS, t.shared_bytes()),
+    };
+    let blocks_y = p.max_nq.div_ceil(rows);
+    if blocks_y > 65535 {
+        return Err(too_large("query rows of one sequence", p.max_nq));
+    }
+    let src = kernel_source(&path, p.dtype, Options::of(p));
+    let func = function(&g, &src)?;
+    func.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        shared as i32,
+    )
+    .map_err(Gpu::err("setting the kernel's shared memory"))?;
+    let cfg = LaunchConfig {
+        grid_dim: ((p.batch * p.heads_q) as u32, blocks_y as u32, 1),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: shared as u32,
+    };
+    let mut launch = g.stream.launch_builder(&func);
+    launch.arg(&params);
+    // SAFETY: every address in `params` points into a live device allocation of this GPU (q, k, v
+    // and the bias are validated views whose elements lie inside their buffers; out and lse were
+    // allocated above for exactly the shapes the kernel writes; alibi and cu_seqlens are uploaded
+    // above and outlive the launch on this stream). The kernel reads and writes only the elements
+    // the validated sizes and strides in `params` describe, and `shared` bytes were allowed above.
+    unsafe { launch.launch(cfg) }.map_err(Gpu::err("launching the forward kernel"))?;
+    drop((alibi, cu, bias));
+    Ok(ForwardOutput { out, lse })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::tile_config::{GeneralTile, MmaTile};
+
+    #[test]
+    fn variant_names_are_unique() {
+        let all = kernel_sources();
+        let mut names: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
+        names.sort();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n);
+    }
+
+    #[test]
+    fn unused_tiles_are_not_listed() {
+        let t = MmaTile {
+            dqk: 64,
+            dv: 64,
+            br: 128,
+            bc: 64,
+            warps: 4,
+            q_in_regs: true,
+            min_blocks: 2,
+        };
+        let name = kernel_source(&Path::Mma(t), DType::BF16, Options::default()).name;
+        assert!(kernel_sources().iter().any(|s| s.name == name));
+        let g = GeneralTile {
+            dqk: 512,
+            dv: 512,
+            bc: 16,
+        };
+        let name = kernel_source(&Path::General(g), DType::F32, Options::ALL).name;
+        assert!(kernel_sources().iter().any(|s| s.name == name));
+    }
 }

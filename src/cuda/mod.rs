@@ -10,8 +10,10 @@
 pub mod compile;
 pub(crate) mod device;
 pub(crate) mod forward;
+pub(crate) mod params;
 pub(crate) mod standard;
 pub(crate) mod storage;
+pub(crate) mod tile_config;
 
 pub use compile::{
     CompileRecord, KernelSource, cache_dir, compile_ptx, compile_records, measure_compile,

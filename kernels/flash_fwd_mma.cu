@@ -1,0 +1,258 @@
+// FlashAttention-2 forward on tensor cores (f16/bf16 in, f32 accumulation), composed from
+// common.cuh and mma.cuh. One block owns BR query rows of one (batch, head); each of its NWARPS
+// warps owns MT consecutive 16-row slices. K/V blocks of BC keys stream through two shared-memory
+// buffers each (cp.async): K(it+1) and V(it+1) load while block `it` is computed. S = Q.K^T and
+// the softmax stay in registers; P is re-packed in registers as the A operand of O += P.V.
+//
+// Tile defines: DQK, DV (padded head dims, multiples of 32), BR, BC, NWARPS, Q_IN_REGS, MIN_BLOCKS.
+// Option defines (common.cuh) plus NONPOS_SCALE (scale <= 0: the row max is taken after scaling).
+
+#define NT (NWARPS * 32)
+#define MT (BR / (16 * NWARPS))
+#define PQK (DQK + 8)  // row pitch of Q/K tiles: +16 bytes so ldmatrix rows hit distinct banks
+#define PV (DV + 8)
+#define SCORE_MODS (HAS_SOFTCAP || HAS_ALIBI || HAS_BIAS || NONPOS_SCALE)
+
+// S[mt][n] = Q_warp . K_block^T for this warp's MT row slices.
+__device__ __forceinline__ void scores_qk(float sc[MT][BC / 8][4], const u32 qf[MT][DQK / 16][4],
+                                          const u16* sQw, const u16* sKb, int lane) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sc[mt][n][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < DQK / 16; ++kk) {
+        u32 a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#if Q_IN_REGS
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][kk][e];
+#else
+            ldmatrix_x4(a[mt], smem_addr(sQw + (mt * 16 + (lane & 15)) * PQK + kk * 16 + (lane >> 4) * 8));
+#endif
+        }
+#pragma unroll
+        for (int nn = 0; nn < BC / 16; ++nn) {
+            u32 b[4];
+            ldmatrix_x4(b, smem_addr(sKb + (nn * 16 + (lane >> 4) * 8 + (lane & 7)) * PQK + kk * 16 +
+                                     ((lane >> 3) & 1) * 8));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma_16816(sc[mt][2 * nn], a[mt], b[0], b[1]);
+                mma_16816(sc[mt][2 * nn + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// O[mt] += P[mt] . V_block, P already packed as A fragments.
+__device__ __forceinline__ void accumulate_pv(float o[MT][DV / 8][4], const u32 pf[MT][BC / 16][4],
+                                              const u16* sVb, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) {
+#pragma unroll
+        for (int dn = 0; dn < DV / 16; ++dn) {
+            u32 b[4];
+            ldmatrix_x4_trans(b, smem_addr(sVb + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * PV +
+                                           dn * 16 + (lane >> 4) * 8));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma_16816(o[mt][2 * dn], pf[mt][kk], b[0], b[1]);
+                mma_16816(o[mt][2 * dn + 1], pf[mt][kk], b[2], b[3]);
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const FlashParams p) {
+    extern __shared__ __align__(16) u16 smem[];
+    u16* sQ = smem;
+    u16* sK = sQ + BR * PQK;
+    u16* sV = sK + 2 * BC * PQK;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const SeqInfo s = seq_info(p, blockIdx.x);
+    // Heaviest query blocks first (the last rows see the most keys under a causal mask).
+    const int i0 = (gridDim.y - 1 - blockIdx.y) * BR;
+    if (i0 >= s.nq) return;
+    const int i1 = min(i0 + BR, s.nq);
+    int nb_first, nb_end;
+    key_blocks(p, s, i0, i1, BC, &nb_first, &nb_end);
+    const int n_iter = nb_end - nb_first;
+
+    const u16* qg = (const u16*)p.q + s.b * p.q_batch + (i64)(s.q_row0 + i0) * p.q_row + s.h * p.q_head;
+    const u16* kg = (const u16*)p.k + s.b * p.k_batch + (i64)s.k_row0 * p.k_row + s.hk * p.k_head;
+    const u16* vg = (const u16*)p.v + s.b * p.v_batch + (i64)s.k_row0 * p.v_row + s.hk * p.v_head;
+
+    // Key blocks are visited from the last to the first, so the masked diagonal blocks come first.
+    auto load_k = [&](int it) {
+        if (it < n_iter) {
+            const int j0 = (nb_end - 1 - it) * BC;
+            load_tile_async<BC, DQK, NT>(sK + (it & 1) * BC * PQK, PQK, kg + (i64)j0 * p.k_row, p.k_row,
+                                         s.nk - j0, p.head_dim, tid);
+        }
+        cp_async_commit();
+    };
+    auto load_v = [&](int it) {
+        if (it < n_iter) {
+            const int j0 = (nb_end - 1 - it) * BC;
+            load_tile_async<BC, DV, NT>(sV + (it & 1) * BC * PV, PV, vg + (i64)j0 * p.v_row, p.v_row,
+                                        s.nk - j0, p.head_dim_v, tid);
+        }
+        cp_async_commit();
+    };
+    load_tile_async<BR, DQK, NT>(sQ, PQK, qg, p.q_row, i1 - i0, p.head_dim, tid);
+    load_k(0);  // one group: Q and K(0)
+    load_v(0);
+
+    const int wrow0 = warp * 16 * MT;  // this warp's first row within the block
+    const u16* sQw = sQ + wrow0 * PQK;
+    const float slope = alibi_slope(p, s);
+#if SCORE_MODS
+    const float mult = 1.f;  // scores are turned into log2 units before the softmax
+#else
+    const float mult = p.scale_log2;  // scale * log2(e), folded into the exponent's FFMA
+#endif
+
+    float o[MT][DV / 8][4];
+    float row_max[MT][2], row_sum[MT][2];
+    u32 qf[MT][DQK / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int n = 0; n < DV / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[mt][n][e] = 0.f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            row_max[mt][h] = NEG_INF;
+            row_sum[mt][h] = 0.f;
+        }
+    }
+
+    for (int it = 0; it < n_iter; ++it) {
+        cp_async_wait<1>();  // K(it) (and Q) landed; V(it) may still be in flight
+        __syncthreads();
+#if Q_IN_REGS
+        if (it == 0) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int kk = 0; kk < DQK / 16; ++kk)
+                    ldmatrix_x4(qf[mt][kk], smem_addr(sQw + (mt * 16 + (lane & 15)) * PQK + kk * 16 + (lane >> 4) * 8));
+        }
+#endif
+        // Both buffers of block it-1 are free: every warp has passed the barrier above.
+        load_k(it + 1);
+        load_v(it + 1);
+
+        const int j0 = (nb_end - 1 - it) * BC;
+        float sc[MT][BC / 8][4];
+        scores_qk(sc, qf, sQw, sK + (it & 1) * BC * PQK, lane);
+
+        const bool full = block_is_full(p, s, i0, i1, j0, BC);
+#if SCORE_MODS
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int i = i0 + wrow0 + mt * 16 + g + 8 * h;
+                const float* brow = bias_row_ptr(p, s, i);
+#pragma unroll
+                for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int j = j0 + n * 8 + 2 * t + e;
+                        float x = score_mods(p, s, sc[mt][n][2 * h + e], i, j, slope, brow);
+                        if (!full && !visible(p, s, i, j)) x = NEG_INF;
+                        sc[mt][n][2 * h + e] = x * LOG2E;
+                    }
+            }
+#else
+        if (!full) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int i = i0 + wrow0 + mt * 16 + g + 8 * h;
+#pragma unroll
+                    for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e)
+                            if (!visible(p, s, i, j0 + n * 8 + 2 * t + e)) sc[mt][n][2 * h + e] = NEG_INF;
+                }
+        }
+#endif
+
+        // Online softmax: new row max, rescale what was accumulated, P = exp2(S * mult - max * mult).
+        u32 pf[MT][BC / 16][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float mx = row_max[mt][h];
+#pragma unroll
+                for (int n = 0; n < BC / 8; ++n) mx = fmaxf(mx, fmaxf(sc[mt][n][2 * h], sc[mt][n][2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+                const float shift = softmax_shift(mx) * mult;
+                const float corr = fast_exp2(row_max[mt][h] * mult - shift);
+                row_max[mt][h] = mx;
+                float sum = 0.f;
+#pragma unroll
+                for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float x = fast_exp2(fmaf(sc[mt][n][2 * h + e], mult, -shift));
+                        sc[mt][n][2 * h + e] = x;
+                        sum += x;
+                    }
+                row_sum[mt][h] = row_sum[mt][h] * corr + sum;
+#pragma unroll
+                for (int n = 0; n < DV / 8; ++n) {
+                    o[mt][n][2 * h] *= corr;
+                    o[mt][n][2 * h + 1] *= corr;
+                }
+            }
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; ++kk) {
+                pf[mt][kk][0] = pack2(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
+                pf[mt][kk][1] = pack2(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
+                pf[mt][kk][2] = pack2(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
+                pf[mt][kk][3] = pack2(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
+            }
+        }
+
+        cp_async_wait<2>();  // V(it) landed; K(it+1), V(it+1) may still be in flight
+        __syncthreads();
+        accumulate_pv(o, pf, sV + (it & 1) * BC * PV, lane);
+    }
+    cp_async_wait<0>();
+
+    // Finish: O / l, LSE = ln(sum exp(s)); rows that saw no key give 0 and -inf.
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float l = row_sum[mt][h];
+            l += __shfl_xor_sync(0xffffffff, l, 1);
+            l += __shfl_xor_sync(0xffffffff, l, 2);
+            const int i = i0 + wrow0 + mt * 16 + g + 8 * h;
+            if (i >= s.nq) continue;
+            const float inv = softmax_inv_sum(l);
+            elem_t* og = p.o + s.b * p.o_batch + (i64)(s.q_row0 + i) * p.o_row + s.h * p.o_head;
+#pragma unroll
+            for (int n = 0; n < DV / 8; ++n) {
+                const int col = n * 8 + 2 * t;
+                if (col < p.head_dim_v)
+                    *(u32*)(og + col) = pack2(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
+            }
+            if (t == 0)
+                p.lse[s.b * p.lse_batch + s.h * p.lse_head + s.q_row0 + i] =
+                    softmax_lse(row_max[mt][h] * mult, l);
+        }
+}

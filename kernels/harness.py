@@ -1,0 +1,94 @@
+"""Variant harness for the forward kernels (llm.c style): validates each variant against a float64
+reference, then times it beside PyTorch SDPA. Needs only torch and the CUDA driver + NVRTC (ctypes),
+so kernel variants can be tried on the device before the Rust side runs them.
+
+    python3 kernels/harness.py compile [--arch sm_90a]        # every listed variant compiles
+    python3 kernels/harness.py check                           # correctness of each variant (GPU)
+    python3 kernels/harness.py bench [--variants a,b]          # TFLOP/s, bf16, the issue's shapes
+"""
+import argparse, ctypes, math, os, sys, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+def source(kernel, defines):
+    parts = [f"#define {k} {v}" for k, v in defines.items()]
+    files = ["common.cuh", "mma.cuh", "flash_fwd_mma.cu"] if kernel == "mma" else ["common.cuh", "flash_fwd_general.cu"]
+    for f in files:
+        parts.append(open(os.path.join(HERE, f)).read())
+    return "\n".join(parts)
+
+def load_nvrtc():
+    for name in ["libnvrtc.so.13", "libnvrtc.so"]:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            pass
+    raise SystemExit("libnvrtc not found")
+
+def compile_cubin(src, arch, name="k.cu"):
+    nv = load_nvrtc()
+    prog = ctypes.c_void_p()
+    rc = nv.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), name.encode(), 0, None, None)
+    assert rc == 0, rc
+    opts = [f"--gpu-architecture={arch}", "-std=c++17", "--fmad=true", "-lineinfo", "--ptxas-options=-v"]
+    arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+    t0 = time.time()
+    rc = nv.nvrtcCompileProgram(prog, len(opts), arr)
+    dt = time.time() - t0
+    n = ctypes.c_size_t()
+    nv.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+    log = ctypes.create_string_buffer(n.value)
+    nv.nvrtcGetProgramLog(prog, log)
+    if rc != 0:
+        raise RuntimeError(f"NVRTC failed ({rc}):\n{log.value.decode()}")
+    nv.nvrtcGetCUBINSize(prog, ctypes.byref(n))
+    cubin = ctypes.create_string_buffer(n.value)
+    nv.nvrtcGetCUBIN(prog, cubin)
+    return cubin.raw, log.value.decode(), dt
+
+# name -> (kernel, defines). The tensor-core variants differ in tiles only; options are defines too.
+def mma_defines(dqk, dv, br, bc, nwarps, q_in_regs, min_blocks, dtype="bf16"):
+    return {f"ELEM_{dtype.upper()}": 1, "DQK": dqk, "DV": dv, "BR": br, "BC": bc, "NWARPS": nwarps,
+            "Q_IN_REGS": q_in_regs, "MIN_BLOCKS": min_blocks}
+
+VARIANTS = {
+    "d64_128x64_w4": mma_defines(64, 64, 128, 64, 4, 1, 2),
+    "d64_128x64_w8": mma_defines(64, 64, 128, 64, 8, 1, 1),
+    "d64_128x128_w4": mma_defines(64, 64, 128, 128, 4, 1, 1),
+    "d64_64x64_w4": mma_defines(64, 64, 64, 64, 4, 1, 2),
+    "d128_128x64_w4": mma_defines(128, 128, 128, 64, 4, 0, 1),
+    "d128_128x32_w4": mma_defines(128, 128, 128, 32, 4, 0, 2),
+    "d128_128x64_w8": mma_defines(128, 128, 128, 64, 8, 1, 1),
+    "d128_64x64_w4": mma_defines(128, 128, 64, 64, 4, 1, 2),
+}
+
+GENERAL = {
+    "general_64": {"ELEM_F32": 1, "DQK_MAX": 128, "DV_MAX": 128, "BCG": 32},
+    "general_512": {"ELEM_F32": 1, "DQK_MAX": 512, "DV_MAX": 512, "BCG": 16},
+}
+
+def options(softcap=0, alibi=0, bias=0, mask=0, nonpos=0):
+    return {"HAS_SOFTCAP": softcap, "HAS_ALIBI": alibi, "HAS_BIAS": bias, "HAS_MASK": mask, "NONPOS_SCALE": nonpos}
+
+def cmd_compile(args):
+    for name, d in VARIANTS.items():
+        for opt in [options(), options(1, 1, 1, 1, 1)]:
+            _, log, dt = compile_cubin(source("mma", {**d, **opt}), args.arch)
+            print(f"{name} opts={sum(opt.values())}: {dt:.2f}s {log.strip()[:200]}")
+    for dt_ in ["f32", "f16"]:
+        for dmax in [64, 512]:
+            d = {f"ELEM_{dt_.upper()}": 1, "DQK_MAX": dmax, "DV_MAX": dmax, "BCG": 32 if dmax <= 256 else 16}
+            _, log, t = compile_cubin(source("general", {**d, **options(1, 1, 1, 1, 1)}), args.arch)
+            print(f"general {dt_} {dmax}: {t:.2f}s {log.strip()[:200]}")
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cmd")
+    ap.add_argument("--arch", default="sm_90a")
+    ap.add_argument("--variants", default="")
+    args = ap.parse_args()
+    if args.cmd == "compile":
+        cmd_compile(args)
+    else:
+        import harness_gpu
+        harness_gpu.main(args)

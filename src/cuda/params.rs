@@ -1,0 +1,130 @@
+//! The kernels' parameter struct (`FlashParams` in `kernels/common.cuh`), built from a validated
+//! [`Problem`] and the device addresses of its tensors, and passed to the kernel by value.
+
+use cudarc::driver::DeviceRepr;
+
+use crate::problem::{Problem, RowLayout};
+
+/// A window edge the kernels treat as unbounded (keeps `i + diag ± edge` inside 64-bit math and
+/// every per-element difference inside 32 bits).
+const UNBOUNDED: i32 = 1 << 30;
+
+/// Mirrors `struct FlashParams` in `kernels/common.cuh` field by field: 8-byte fields first, then
+/// 4-byte ones, so `#[repr(C)]` gives the same layout on both sides.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct FlashParams {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub bias: u64,
+    pub alibi: u64,
+    pub cu_q: u64,
+    pub cu_k: u64,
+    pub q_strides: [i64; 3],
+    pub k_strides: [i64; 3],
+    pub v_strides: [i64; 3],
+    pub o_strides: [i64; 3],
+    pub bias_strides: [i64; 4],
+    pub lse_batch: i64,
+    pub lse_head: i64,
+    pub batch: i32,
+    pub heads_q: i32,
+    pub group: i32,
+    pub nq: i32,
+    pub nk: i32,
+    pub head_dim: i32,
+    pub head_dim_v: i32,
+    pub window_left: i32,
+    pub window_right: i32,
+    pub scale: f32,
+    pub scale_log2: f32,
+    pub softcap: f32,
+}
+
+// SAFETY: `FlashParams` is `#[repr(C)]`, `Copy`, holds only integers and floats (device addresses
+// as u64), and matches the CUDA struct's layout, so its bytes are a valid kernel argument.
+unsafe impl DeviceRepr for FlashParams {}
+
+/// Device addresses of everything a launch reads or writes (0 for what the call lacks). Each
+/// points at its tensor's first element (view offsets applied).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Pointers {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub bias: u64,
+    pub alibi: u64,
+    pub cu_q: u64,
+    pub cu_k: u64,
+}
+
+fn strides(l: &RowLayout) -> [i64; 3] {
+    [l.batch as i64, l.row as i64, l.head as i64]
+}
+
+fn edge(w: Option<usize>) -> i32 {
+    w.map_or(UNBOUNDED, |w| w.min(UNBOUNDED as usize) as i32)
+}
+
+impl FlashParams {
+    /// The parameters of `p` with output rows laid out as `o` (same batch/row/head meaning as q).
+    pub(crate) fn new(p: &Problem, ptr: Pointers, o: &RowLayout) -> Self {
+        let bias_strides = p
+            .bias
+            .as_ref()
+            .map_or([0; 4], |(_, l)| l.strides.map(|s| s as i64));
+        let (lse_batch, lse_head) = if p.varlen {
+            (0, p.total_q as i64)
+        } else {
+            ((p.heads_q * p.max_nq) as i64, p.max_nq as i64)
+        };
+        FlashParams {
+            q: ptr.q,
+            k: ptr.k,
+            v: ptr.v,
+            o: ptr.o,
+            lse: ptr.lse,
+            bias: ptr.bias,
+            alibi: ptr.alibi,
+            cu_q: ptr.cu_q,
+            cu_k: ptr.cu_k,
+            q_strides: strides(&p.q),
+            k_strides: strides(&p.k),
+            v_strides: strides(&p.v),
+            o_strides: strides(o),
+            bias_strides,
+            lse_batch,
+            lse_head,
+            batch: p.batch as i32,
+            heads_q: p.heads_q as i32,
+            group: p.group() as i32,
+            nq: p.max_nq as i32,
+            nk: p.max_nk as i32,
+            head_dim: p.head_dim as i32,
+            head_dim_v: p.head_dim_v as i32,
+            window_left: edge(p.window.left),
+            window_right: edge(p.window.right),
+            scale: p.scale,
+            scale_log2: p.scale * std::f32::consts::LOG2_E,
+            softcap: p.softcap.unwrap_or(0.0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_matches_the_cuda_struct() {
+        // 9 pointers, 18 strides, 9 ints, 3 floats: 8·27 + 4·12 bytes, no padding.
+        assert_eq!(std::mem::size_of::<FlashParams>(), 8 * 27 + 4 * 12);
+        assert_eq!(std::mem::offset_of!(FlashParams, batch), 8 * 27);
+        assert_eq!(std::mem::offset_of!(FlashParams, scale), 8 * 27 + 4 * 9);
+    }
+}
