@@ -107,10 +107,12 @@ struct SeqInfo {
     int diag;  // key position of query 0's diagonal: nk - nq
 };
 
-__device__ __forceinline__ SeqInfo seq_info(const FlashParams& p, int bh) {
+// The launch grid is (query blocks, query heads, batch): consecutive blocks share a head's K/V,
+// which then stays in L2 while they run.
+__device__ __forceinline__ SeqInfo seq_info(const FlashParams& p) {
     SeqInfo s;
-    s.b = bh / p.heads_q;
-    s.h = bh - s.b * p.heads_q;
+    s.b = blockIdx.z;
+    s.h = blockIdx.y;
     s.hk = s.h / p.group;
     if (p.cu_q != 0) {
         s.q_row0 = p.cu_q[s.b];
@@ -126,6 +128,10 @@ __device__ __forceinline__ SeqInfo seq_info(const FlashParams& p, int bh) {
     s.diag = s.nk - s.nq;
     return s;
 }
+
+// The first query row of this block: heaviest query blocks first (under a causal mask the last
+// rows see the most keys), so the light ones fill the tail of the grid.
+__device__ __forceinline__ int block_row0(int rows) { return (gridDim.x - 1 - blockIdx.x) * rows; }
 
 // ---- the mask: causal is the window (left = inf, right = 0), aligned bottom-right --------------
 

@@ -28,8 +28,8 @@ extern "C" __global__ void __launch_bounds__(GT) flash_fwd_general(const FlashPa
     float* sP = sV + BCG * DV_MAX;
 
     const int tid = threadIdx.x, r = tid >> 3, c8 = tid & 7;
-    const SeqInfo s = seq_info(p, blockIdx.x);
-    const int i0 = (gridDim.y - 1 - blockIdx.y) * GM;
+    const SeqInfo s = seq_info(p);
+    const int i0 = block_row0(GM);
     if (i0 >= s.nq) return;
     const int i1 = min(i0 + GM, s.nq);
     int nb_first, nb_end;

@@ -14,8 +14,12 @@
 #define SCORE_MODS (HAS_SOFTCAP || HAS_ALIBI || HAS_BIAS || NONPOS_SCALE)
 
 // S[mt][n] = Q_warp . K_block^T for this warp's MT row slices.
+// sQw, sKb: shared byte addresses of this warp's first Q row and of the K block. Each lane's
+// ldmatrix row offsets are fixed; the loops only add compile-time constants.
 __device__ __forceinline__ void scores_qk(float sc[MT][BC / 8][4], const u32 qf[MT][DQK / 16][4],
-                                          const u16* sQw, const u16* sKb, int lane) {
+                                          u32 sQw, u32 sKb, int lane) {
+    const u32 q_lane = sQw + ((lane & 15) * PQK + (lane >> 4) * 8) * 2;
+    const u32 k_lane = sKb + (((lane >> 4) * 8 + (lane & 7)) * PQK + ((lane >> 3) & 1) * 8) * 2;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -31,14 +35,13 @@ __device__ __forceinline__ void scores_qk(float sc[MT][BC / 8][4], const u32 qf[
 #pragma unroll
             for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][kk][e];
 #else
-            ldmatrix_x4(a[mt], smem_addr(sQw + (mt * 16 + (lane & 15)) * PQK + kk * 16 + (lane >> 4) * 8));
+            ldmatrix_x4(a[mt], q_lane + (mt * 16 * PQK + kk * 16) * 2);
 #endif
         }
 #pragma unroll
         for (int nn = 0; nn < BC / 16; ++nn) {
             u32 b[4];
-            ldmatrix_x4(b, smem_addr(sKb + (nn * 16 + (lane >> 4) * 8 + (lane & 7)) * PQK + kk * 16 +
-                                     ((lane >> 3) & 1) * 8));
+            ldmatrix_x4(b, k_lane + (nn * 16 * PQK + kk * 16) * 2);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 mma_16816(sc[mt][2 * nn], a[mt], b[0], b[1]);
@@ -50,14 +53,14 @@ __device__ __forceinline__ void scores_qk(float sc[MT][BC / 8][4], const u32 qf[
 
 // O[mt] += P[mt] . V_block, P already packed as A fragments.
 __device__ __forceinline__ void accumulate_pv(float o[MT][DV / 8][4], const u32 pf[MT][BC / 16][4],
-                                              const u16* sVb, int lane) {
+                                              u32 sVb, int lane) {
+    const u32 v_lane = sVb + ((((lane >> 3) & 1) * 8 + (lane & 7)) * PV + (lane >> 4) * 8) * 2;
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) {
 #pragma unroll
         for (int dn = 0; dn < DV / 16; ++dn) {
             u32 b[4];
-            ldmatrix_x4_trans(b, smem_addr(sVb + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * PV +
-                                           dn * 16 + (lane >> 4) * 8));
+            ldmatrix_x4_trans(b, v_lane + (kk * 16 * PV + dn * 16) * 2);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 mma_16816(o[mt][2 * dn], pf[mt][kk], b[0], b[1]);
@@ -69,15 +72,15 @@ __device__ __forceinline__ void accumulate_pv(float o[MT][DV / 8][4], const u32 
 
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const FlashParams p) {
     extern __shared__ __align__(16) u16 smem[];
-    u16* sQ = smem;
-    u16* sK = sQ + BR * PQK;
-    u16* sV = sK + 2 * BC * PQK;
+    // Shared byte addresses: Q, then two K buffers, then two V buffers.
+    const u32 sQ = smem_addr(smem);
+    const u32 sK = sQ + BR * PQK * 2;
+    const u32 sV = sK + 2 * BC * PQK * 2;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const SeqInfo s = seq_info(p, blockIdx.x);
-    // Heaviest query blocks first (the last rows see the most keys under a causal mask).
-    const int i0 = (gridDim.y - 1 - blockIdx.y) * BR;
+    const SeqInfo s = seq_info(p);
+    const int i0 = block_row0(BR);
     if (i0 >= s.nq) return;
     const int i1 = min(i0 + BR, s.nq);
     int nb_first, nb_end;
@@ -92,25 +95,25 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
     auto load_k = [&](int it) {
         if (it < n_iter) {
             const int j0 = (nb_end - 1 - it) * BC;
-            load_tile_async<BC, DQK, NT>(sK + (it & 1) * BC * PQK, PQK, kg + (i64)j0 * p.k_row, p.k_row,
-                                         s.nk - j0, p.head_dim, tid);
+            load_tile_async<BC, DQK, PQK, NT>(sK + (it & 1) * BC * PQK * 2, kg + (i64)j0 * p.k_row, p.k_row,
+                                              s.nk - j0, p.head_dim, tid);
         }
         cp_async_commit();
     };
     auto load_v = [&](int it) {
         if (it < n_iter) {
             const int j0 = (nb_end - 1 - it) * BC;
-            load_tile_async<BC, DV, NT>(sV + (it & 1) * BC * PV, PV, vg + (i64)j0 * p.v_row, p.v_row,
-                                        s.nk - j0, p.head_dim_v, tid);
+            load_tile_async<BC, DV, PV, NT>(sV + (it & 1) * BC * PV * 2, vg + (i64)j0 * p.v_row, p.v_row,
+                                            s.nk - j0, p.head_dim_v, tid);
         }
         cp_async_commit();
     };
-    load_tile_async<BR, DQK, NT>(sQ, PQK, qg, p.q_row, i1 - i0, p.head_dim, tid);
+    load_tile_async<BR, DQK, PQK, NT>(sQ, qg, p.q_row, i1 - i0, p.head_dim, tid);
     load_k(0);  // one group: Q and K(0)
     load_v(0);
 
     const int wrow0 = warp * 16 * MT;  // this warp's first row within the block
-    const u16* sQw = sQ + wrow0 * PQK;
+    const u32 sQw = sQ + wrow0 * PQK * 2;
     const float slope = alibi_slope(p, s);
 #if SCORE_MODS
     const float mult = 1.f;  // scores are turned into log2 units before the softmax
@@ -143,7 +146,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int kk = 0; kk < DQK / 16; ++kk)
-                    ldmatrix_x4(qf[mt][kk], smem_addr(sQw + (mt * 16 + (lane & 15)) * PQK + kk * 16 + (lane >> 4) * 8));
+                    ldmatrix_x4(qf[mt][kk], sQw + ((mt * 16 + (lane & 15)) * PQK + kk * 16 + (lane >> 4) * 8) * 2);
         }
 #endif
         // Both buffers of block it-1 are free: every warp has passed the barrier above.
@@ -152,7 +155,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
 
         const int j0 = (nb_end - 1 - it) * BC;
         float sc[MT][BC / 8][4];
-        scores_qk(sc, qf, sQw, sK + (it & 1) * BC * PQK, lane);
+        scores_qk(sc, qf, sQw, sK + (it & 1) * BC * PQK * 2, lane);
 
         const bool full = block_is_full(p, s, i0, i1, j0, BC);
 #if SCORE_MODS
@@ -229,7 +232,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
 
         cp_async_wait<2>();  // V(it) landed; K(it+1), V(it+1) may still be in flight
         __syncthreads();
-        accumulate_pv(o, pf, sV + (it & 1) * BC * PV, lane);
+        accumulate_pv(o, pf, sV + (it & 1) * BC * PV * 2, lane);
     }
     cp_async_wait<0>();
 

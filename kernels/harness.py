@@ -53,13 +53,13 @@ def mma_defines(dqk, dv, br, bc, nwarps, q_in_regs, min_blocks, dtype="bf16"):
 
 VARIANTS = {
     "d64_128x64_w4": mma_defines(64, 64, 128, 64, 4, 1, 2),
-    "d64_128x64_w8": mma_defines(64, 64, 128, 64, 8, 1, 1),
-    "d64_128x128_w4": mma_defines(64, 64, 128, 128, 4, 1, 1),
-    "d64_64x64_w4": mma_defines(64, 64, 64, 64, 4, 1, 2),
+    "d64_128x64_w4_qs": mma_defines(64, 64, 128, 64, 4, 0, 2),
+    "d64_128x128_w4_qs": mma_defines(64, 64, 128, 128, 4, 0, 1),
+    "d64_128x32_w4": mma_defines(64, 64, 128, 32, 4, 1, 2),
     "d128_128x64_w4": mma_defines(128, 128, 128, 64, 4, 0, 1),
     "d128_128x32_w4": mma_defines(128, 128, 128, 32, 4, 0, 2),
     "d128_128x64_w8": mma_defines(128, 128, 128, 64, 8, 1, 1),
-    "d128_64x64_w4": mma_defines(128, 128, 64, 64, 4, 1, 2),
+    "d128_128x32_w4_q": mma_defines(128, 128, 128, 32, 4, 1, 1),
 }
 
 GENERAL = {

@@ -73,8 +73,8 @@ def launch(kernel, tile, q, k, v, causal=False, window=None, softcap=None, alibi
     ck(cu.cuFuncSetAttribute(f, 8, smem), "set smem")  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     args = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(p), ctypes.c_void_p))
     stream = torch.cuda.current_stream().cuda_stream
-    ck(cu.cuLaunchKernel(f, B * Hq, (Nq + br - 1) // br, 1, nt, 1, 1, smem, ctypes.c_void_p(stream), args, None), "launch")
-    return out, lse, (f, B * Hq, (Nq + br - 1) // br, nt, smem, args, p, bias, alibi)
+    ck(cu.cuLaunchKernel(f, (Nq + br - 1) // br, Hq, B, nt, 1, 1, smem, ctypes.c_void_p(stream), args, None), "launch")
+    return out, lse, (f, (Nq + br - 1) // br, Hq, B, nt, smem, args, p, bias, alibi)
 
 def reference(q, k, v, causal=False, window=None, softcap=None, alibi=None, bias=None, scale=None):
     B, Nq, Hq, D = q.shape
@@ -184,9 +184,9 @@ def cmd_bench(names, seqlens, dims, sdpa=True):
                     if tile["DQK"] != D:
                         continue
                     _, _, l = launch("mma", tile, q, k, v, causal=causal)
-                    f, gx, gy, nt, smem, args, *_keep = l
+                    f, gx, gy, gz, nt, smem, args, *_keep = l
                     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-                    ms = time_ms(lambda: cu.cuLaunchKernel(f, gx, gy, 1, nt, 1, 1, smem, stream, args, None))
+                    ms = time_ms(lambda: cu.cuLaunchKernel(f, gx, gy, gz, nt, 1, 1, smem, stream, args, None))
                     res[name] = flops / ms / 1e9
                 if sdpa:
                     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
@@ -203,6 +203,18 @@ def cmd_bench(names, seqlens, dims, sdpa=True):
                 rows.append(line)
     return rows
 
+def cmd_prof(names, N, D, causal):
+    """One launch of each variant and of SDPA's FlashAttention-2 backend, for a profiler."""
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    import torch.nn.functional as F
+    B, Hh = 16384 // N, 2048 // D
+    q, k, v = (torch.randn(B, N, Hh, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    for name in names:
+        launch("mma", H.VARIANTS[name], q, k, v, causal=causal)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal)
+    torch.cuda.synchronize()
+
 def main(args):
     torch.cuda.init()
     torch.zeros(1, device="cuda")
@@ -211,3 +223,5 @@ def main(args):
         sys.exit(1 if cmd_check(names) else 0)
     elif args.cmd == "bench":
         cmd_bench(names, [512, 1024, 2048, 4096, 8192, 16384], [64, 128])
+    elif args.cmd == "prof":
+        cmd_prof(names, 4096, 128, False)

@@ -49,23 +49,38 @@ __device__ __forceinline__ void mma_16816(float c[4], const u32 a[4], u32 b0, u3
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Loads a ROWS x COLS tile of `elem_t` (row stride `stride` elements in global memory) into shared
-// memory with row pitch `pitch` elements, by 16-byte chunks spread over NT threads. Rows at or past
-// `rows` and columns at or past `cols` (a multiple of 8) are zero-filled.
-template <int ROWS, int COLS, int NT>
-__device__ __forceinline__ void load_tile_async(u16* dst, int pitch, const u16* src, i64 stride,
-                                                int rows, int cols, int tid) {
-    const int CHUNKS_PER_ROW = COLS / 8;
-    const int CHUNKS = ROWS * CHUNKS_PER_ROW;
+// Loads a ROWS x COLS tile of 16-bit elements (row stride `stride` elements in global memory) into
+// shared memory at byte address `dst` with row pitch PITCH elements, by 16-byte chunks spread over
+// NT threads. Rows at or past `rows` and columns at or past `cols` (a multiple of 8) are zero-filled.
+// When NT is a multiple of the chunks per row, each thread keeps one column and walks rows
+// NT / (COLS / 8) apart, so its addresses advance by constants.
+template <int ROWS, int COLS, int PITCH, int NT>
+__device__ __forceinline__ void load_tile_async(u32 dst, const u16* src, i64 stride, int rows, int cols,
+                                                int tid) {
+    const int CPR = COLS / 8;  // chunks per row
+    if constexpr (NT % CPR == 0) {
+        const int STEP = NT / CPR;
+        const int r0 = tid / CPR, col = (tid % CPR) * 8;
+        const u16* g = src + r0 * stride + col;
+        const u32 d = dst + (r0 * PITCH + col) * 2;
+        const bool col_ok = col < cols;
 #pragma unroll
-    for (int c0 = 0; c0 < CHUNKS; c0 += NT) {
-        int c = c0 + tid;
-        if (CHUNKS % NT == 0 || c < CHUNKS) {
-            int r = c / CHUNKS_PER_ROW;
-            int col = (c - r * CHUNKS_PER_ROW) * 8;
-            bool ok = r < rows && col < cols;
-            const u16* g = ok ? src + r * stride + col : src;
-            cp_async_16(smem_addr(dst + r * pitch + col), g, ok);
+        for (int r = 0; r < ROWS; r += STEP) {
+            if (ROWS % STEP == 0 || r + r0 < ROWS) {
+                const bool ok = col_ok && r + r0 < rows;
+                cp_async_16(d + r * PITCH * 2, ok ? g : src, ok);
+            }
+            g += STEP * stride;
+        }
+    } else {
+#pragma unroll
+        for (int c0 = 0; c0 < ROWS * CPR; c0 += NT) {
+            const int c = c0 + tid;
+            if ((ROWS * CPR) % NT == 0 || c < ROWS * CPR) {
+                const int r = c / CPR, col = (c - r * CPR) * 8;
+                const bool ok = r < rows && col < cols;
+                cp_async_16(dst + (r * PITCH + col) * 2, ok ? src + r * stride + col : src, ok);
+            }
         }
     }
 }

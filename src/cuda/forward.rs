@@ -272,9 +272,14 @@ pub(crate) fn forward(
         Path::Mma(t) => (t.br, t.threads(), t.shared_bytes()),
         Path::General(t) => (GENERAL_ROWS, GENERAL_THREADS, t.shared_bytes()),
     };
-    let blocks_y = p.max_nq.div_ceil(rows);
-    if blocks_y > 65535 {
-        return Err(too_large("query rows of one sequence", p.max_nq));
+    let blocks = p.max_nq.div_ceil(rows);
+    for (what, n) in [("query heads", p.heads_q), ("batch", p.batch)] {
+        if n > 65535 {
+            return Err(Error::Unsupported {
+                device: "cuda",
+                what: format!("{what} = {n} (at most 65535: a dimension of the launch grid)"),
+            });
+        }
     }
     let src = kernel_source(&path, p.dtype, Options::of(p));
     let func = function(&g, &src)?;
@@ -284,7 +289,7 @@ pub(crate) fn forward(
     )
     .map_err(Gpu::err("setting the kernel's shared memory"))?;
     let cfg = LaunchConfig {
-        grid_dim: ((p.batch * p.heads_q) as u32, blocks_y as u32, 1),
+        grid_dim: (blocks as u32, p.heads_q as u32, p.batch as u32),
         block_dim: (threads as u32, 1, 1),
         shared_mem_bytes: shared as u32,
     };
