@@ -10,7 +10,7 @@ use super::args::{BenchArgs, CausalChoice, PassChoice};
 use super::inputs::{Config, Inputs};
 use super::memory::{self, human};
 use super::table::Table;
-use super::timing::{Extra, Measurement, measure};
+use super::timing::{self, Extra, Measurement, measure};
 use super::{CliResult, device, fail, json, output, plot};
 
 /// Forward or backward.
@@ -197,6 +197,9 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
         plot::check_extension(p)?;
     }
     let configs = configs(a);
+    if let Some(note) = timing::load_note() {
+        eprintln!("note: {note}");
+    }
     let bar = ProgressBar::new(configs.len() as u64);
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
@@ -292,7 +295,13 @@ fn render(rows: &[Row], a: &BenchArgs) -> String {
                 },
             ]),
             StandardOutcome::Skipped(why) => {
-                cells.extend(["skipped".to_string(), "-".into(), "-".into()]);
+                cells.extend([
+                    "skipped".to_string(),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                ]);
                 notes.push(format!(
                     "standard attention skipped at {} {}: {why}",
                     r.pass.name(),

@@ -224,8 +224,26 @@ where
         "flashattn (solid) vs standard attention (dashed) on {}, B={} H={}",
         first.device, first.config.batch, first.config.heads
     );
-    let (top, body) = root.split_vertically(44);
+    let (top, rest) = root.split_vertically(44);
     top.titled(&title, ("sans-serif", 26))?;
+    let (body, bottom) = rest.split_vertically(SIZE.1 - 44 - 28);
+    let skipped: Vec<String> = rows
+        .iter()
+        .filter_map(|r| match &r.standard {
+            StandardOutcome::Skipped(why) => Some(format!("N={}: {why}", r.config.nq)),
+            StandardOutcome::Ran(_) => None,
+        })
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if !skipped.is_empty() {
+        let note = format!("standard attention skipped at {}", skipped.join("; "));
+        bottom.draw_text(
+            &note,
+            &("sans-serif", 15).into_font().color(&BLACK),
+            (20, 4),
+        )?;
+    }
     let (left, right) = body.split_horizontally(SIZE.0 / 2);
     let all = series(rows);
     panel(&left, &all, "Speed", "GFLOP/s", false, |p| p.1, false)?;
@@ -276,6 +294,61 @@ pub fn write(path: &Path, rows: &[Row]) -> CliResult<()> {
             )
             .map_err(err)?;
             write_bytes_atomic(path, svg.as_bytes())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::bench::Pass;
+    use crate::cli::inputs::Config;
+    use crate::cli::timing::Extra;
+    use flashattn::Device;
+
+    fn row(n: usize, standard: StandardOutcome) -> Row {
+        Row {
+            pass: Pass::Forward,
+            config: Config::new(1, 8, n, 64),
+            device: Device::Cpu,
+            flash: Measurement {
+                time_ms: 1.0,
+                gflops: 100.0,
+                extra: Extra::Measured(200 << 10),
+            },
+            standard_device: Device::Cpu,
+            standard,
+        }
+    }
+
+    #[test]
+    fn chart_has_titles_legend_and_the_skip_note() {
+        let std_run = StandardOutcome::Ran(Measurement {
+            time_ms: 3.0,
+            gflops: 40.0,
+            extra: Extra::Measured(64 << 20),
+        });
+        let rows = vec![
+            row(1024, std_run.clone()),
+            row(2048, std_run),
+            row(32768, StandardOutcome::Skipped("needs 32.5 GiB".into())),
+        ];
+        assert!(register_font("sans-serif", FontStyle::Normal, FONT).is_ok());
+        let mut svg = String::new();
+        draw(
+            SVGBackend::with_string(&mut svg, SIZE).into_drawing_area(),
+            &rows,
+        )
+        .unwrap();
+        for text in [
+            "Speed",
+            "Extra memory",
+            "flashattn forward full D=64 f32",
+            "standard forward full D=64 f32",
+            "N=32768: needs 32.5 GiB",
+            "32768",
+        ] {
+            assert!(svg.contains(text), "`{text}` missing from the chart");
         }
     }
 }

@@ -1,5 +1,8 @@
 //! Plain-text tables with aligned columns.
 
+/// Cells that stand for a missing number; they do not make a column textual.
+const PLACEHOLDERS: [&str; 4] = ["", "-", "n/a", "skipped"];
+
 /// A table: a header row and data rows of cells; text columns are left-aligned, numbers right.
 pub struct Table {
     headers: Vec<String>,
@@ -36,9 +39,8 @@ impl Table {
         let numeric: Vec<bool> = (0..n)
             .map(|c| {
                 self.rows.iter().all(|r| {
-                    r[c].is_empty()
-                        || r[c].starts_with(|ch: char| ch.is_ascii_digit())
-                        || r[c] == "-"
+                    r[c].starts_with(|ch: char| ch.is_ascii_digit())
+                        || PLACEHOLDERS.contains(&r[c].as_str())
                 })
             })
             .collect();

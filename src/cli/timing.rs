@@ -124,3 +124,21 @@ fn gpu(repeats: u32, mut call: impl FnMut() -> CliResult<Vec<Tensor>>) -> CliRes
     }
     Ok(best)
 }
+
+/// A warning when other processes keep the CPUs busy (the 1-minute load average of
+/// `/proc/loadavg` above half the CPU count): wall-clock times will be inflated.
+pub fn load_note() -> Option<String> {
+    let load: f64 = std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (load > cpus as f64 * 0.5).then(|| {
+        format!(
+            "the load average is {load:.1} on {cpus} CPUs before the run: other processes are \
+             running, so times may be inflated"
+        )
+    })
+}
