@@ -227,14 +227,18 @@ where
     let (top, rest) = root.split_vertically(44);
     top.titled(&title, ("sans-serif", 26))?;
     let (body, bottom) = rest.split_vertically(SIZE.1 - 44 - 28);
-    let skipped: Vec<String> = rows
+    // One note per sequence length (the masks and head dims of one length share the reason).
+    let mut skipped: Vec<(usize, &str)> = Vec::new();
+    for r in rows {
+        if let StandardOutcome::Skipped(why) = &r.standard
+            && !skipped.iter().any(|s| s.0 == r.config.nq)
+        {
+            skipped.push((r.config.nq, why));
+        }
+    }
+    let skipped: Vec<String> = skipped
         .iter()
-        .filter_map(|r| match &r.standard {
-            StandardOutcome::Skipped(why) => Some(format!("N={}: {why}", r.config.nq)),
-            StandardOutcome::Ran(_) => None,
-        })
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
+        .map(|(n, why)| format!("N={n} ({why})"))
         .collect();
     if !skipped.is_empty() {
         let note = format!("standard attention skipped at {}", skipped.join("; "));
@@ -345,7 +349,7 @@ mod tests {
             "Extra memory",
             "flashattn forward full D=64 f32",
             "standard forward full D=64 f32",
-            "N=32768: needs 32.5 GiB",
+            "N=32768 (needs 32.5 GiB)",
             "32768",
         ] {
             assert!(svg.contains(text), "`{text}` missing from the chart");
