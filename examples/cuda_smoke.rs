@@ -13,6 +13,11 @@ mod smoke {
     use rand::{RngExt, SeedableRng, rngs::StdRng};
 
     const GPU: Device = Device::Cuda(0);
+    /// Head dims every configuration runs at.
+    const MAIN_DIMS: [usize; 8] = [1, 32, 64, 80, 96, 128, 256, 512];
+    /// Further head dims (each padded multiple of 32 has its own variants), run plain and with
+    /// every option.
+    const EXTRA_DIMS: [usize; 10] = [160, 192, 224, 288, 320, 352, 384, 416, 448, 480];
 
     fn random(rng: &mut StdRng, shape: &[usize], dtype: DType) -> flashattn::Result<Tensor> {
         let n = shape.iter().product();
@@ -42,6 +47,8 @@ mod smoke {
 
     struct Config {
         name: &'static str,
+        /// Run at every head dim (else only at [`MAIN_DIMS`]).
+        all_dims: bool,
         heads: (usize, usize),
         lens: (usize, usize),
         varlen: Option<(Vec<i32>, Vec<i32>)>,
@@ -52,13 +59,23 @@ mod smoke {
         vec![
             Config {
                 name: "plain",
+                all_dims: true,
                 heads: (2, 2),
                 lens: (70, 130),
                 varlen: None,
                 params: |_, _, _, _, _| AttentionParams::default(),
             },
             Config {
+                name: "plain, over 1024 keys",
+                all_dims: false,
+                heads: (2, 1),
+                lens: (64, 1100),
+                varlen: None,
+                params: |_, _, _, _, _| AttentionParams::default(),
+            },
+            Config {
                 name: "causal",
+                all_dims: false,
                 heads: (2, 2),
                 lens: (130, 70),
                 varlen: None,
@@ -66,6 +83,7 @@ mod smoke {
             },
             Config {
                 name: "window+alibi+softcap+bias gqa",
+                all_dims: false,
                 heads: (4, 2),
                 lens: (70, 130),
                 varlen: None,
@@ -82,7 +100,28 @@ mod smoke {
                 },
             },
             Config {
+                name: "causal+alibi+softcap+bias, negative scale",
+                all_dims: true,
+                heads: (2, 2),
+                lens: (70, 130),
+                varlen: None,
+                params: |rng, b, h, nq, nk| {
+                    let slopes: Vec<f32> =
+                        (0..b * h).map(|_| rng.random_range(0.01f32..0.3)).collect();
+                    let bias: Vec<f32> = (0..h * nq * nk)
+                        .map(|_| rng.random_range(-1f32..1.0))
+                        .collect();
+                    AttentionParams::default()
+                        .causal()
+                        .scale(-0.2)
+                        .softcap(8.0)
+                        .alibi(Tensor::from_vec(slopes, &[b, h]).expect("slopes"))
+                        .bias(Tensor::from_vec(bias, &[1, h, nq, nk]).expect("bias"))
+                },
+            },
+            Config {
                 name: "varlen causal mqa",
+                all_dims: false,
                 heads: (4, 1),
                 lens: (0, 0),
                 varlen: Some((vec![0, 5, 5, 90, 160], vec![0, 40, 41, 60, 200])),
@@ -98,8 +137,11 @@ mod smoke {
         let mut rng = StdRng::seed_from_u64(7);
         let mut failures = Vec::new();
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            for d in [1, 32, 64, 80, 96, 128, 256, 512] {
-                for c in configs() {
+            for d in MAIN_DIMS.iter().chain(&EXTRA_DIMS).copied() {
+                for c in configs()
+                    .into_iter()
+                    .filter(|c| c.all_dims || MAIN_DIMS.contains(&d))
+                {
                     let (h, hk) = c.heads;
                     let (qs, ks, b, nq, nk) = match &c.varlen {
                         None => (

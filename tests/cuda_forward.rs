@@ -160,13 +160,43 @@ grid_tests! {
     varlen: 180_000,
 }
 
-/// Logits of ±1e4 and rows that see no key (causal with Nq > Nk): finite output, 0 and −∞.
+/// Scores of about ±1e4 (as `tests/numerics.rs`): the online softmax rescales without overflow.
+/// In f32 the scores carry a rounding error of about 1e4 · 2⁻²⁴ · √d, which the standard
+/// attention makes too, hence the same-precision rule for every dtype; the LSE within 1e-5.
 #[test]
 #[ignore = "needs a CUDA device"]
-fn extreme_logits_and_empty_rows() {
+fn huge_logits() {
+    for (n, dtype) in grid::DTYPES.into_iter().enumerate() {
+        for causal in [false, true] {
+            let mut case = Case::new(70, 90, 16).heads(2, 1).scale(2500.0).dtype(dtype);
+            if causal {
+                case = case.causal();
+            }
+            let x = case.inputs(&mut rng(190_000 + 2 * n as u64 + causal as u64));
+            let o = oracle::forward(&x.q, &x.k, &x.v, &x.p).unwrap();
+            assert!(
+                o.lse.iter().any(|l| l.abs() > 5e3),
+                "the test must reach huge logits"
+            );
+            let e = gpu_errors(&case, &x);
+            println!("huge logits {dtype} causal={causal}: {e:?}");
+            let tol = match dtype {
+                DType::F32 => F32_TOL.max(2.0 * e.standard + HALF_FLOOR),
+                _ => tolerance(dtype, e.standard),
+            };
+            assert!(e.out <= tol, "{dtype} causal={causal}: {e:?} > {tol:e}");
+            assert!(e.lse <= 1e-5, "lse {e:?}");
+        }
+    }
+}
+
+/// Rows that see no key (causal with Nq > Nk): output exactly 0 and log-sum-exp −∞, no NaN.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn rows_without_keys() {
     for dtype in grid::DTYPES {
-        let case = Case::new(65, 7, 64).causal().dtype(dtype).scale(1e4 / 8.0);
-        let x = case.inputs(&mut rng(190_000));
+        let case = Case::new(65, 7, 64).causal().dtype(dtype);
+        let x = case.inputs(&mut rng(191_000));
         let g = to_device(&x, GPU);
         poison();
         let f = flashattn::forward(&g.q, &g.k, &g.v, &g.p).expect("gpu forward");
@@ -184,14 +214,16 @@ fn extreme_logits_and_empty_rows() {
                 "{dtype}: row {i}"
             );
         }
-        let o = oracle::forward(&x.q, &x.k, &x.v, &x.p).unwrap();
-        let s = standard::forward(&g.q, &g.k, &g.v, &g.p).unwrap();
-        let e = rel(&f.out.to_f64_vec().unwrap(), &o.out);
-        let es = rel(&s.out.to_f64_vec().unwrap(), &o.out);
-        println!("extreme logits {dtype}: out rel {e:.2e} (gpu standard {es:.2e})");
         assert!(
-            e <= tolerance(dtype, es),
-            "{dtype}: {e:e} vs standard {es:e}"
+            lse[58..].iter().all(|l| l.is_finite()),
+            "{dtype}: lse of rows with keys"
+        );
+        let e = gpu_errors(&case, &x);
+        println!("rows without keys {dtype}: {e:?}");
+        assert!(e.out <= tolerance(dtype, e.standard), "{dtype}: {e:?}");
+        assert!(
+            e.lse <= lse_tolerance(dtype, e.standard_lse),
+            "{dtype}: {e:?}"
         );
     }
 }
