@@ -71,34 +71,47 @@ pub fn download(t: &Tensor) -> CliResult<Tensor> {
     to_device(t, Device::Cpu)
 }
 
-/// The compile and cached-load time of every kernel variant this process used on the GPU, as
-/// lines of text: each variant is compiled afresh by NVRTC and then loaded from the disk cache,
-/// whatever the caches held before. Empty on the CPU.
+/// The compile and load times of every kernel variant this process used on the GPU, as lines of
+/// text: how its first use went (compiled by NVRTC, or loaded from the disk cache), and, for the
+/// variants `flashattn::cuda::kernel_sources()` lists, a fresh NVRTC compile followed by a load
+/// from the disk cache, whatever the caches held before. Empty on the CPU.
 #[cfg(feature = "cuda")]
 pub fn compile_report(device: Device) -> CliResult<Vec<String>> {
     let Device::Cuda(ordinal) = device else {
         return Ok(Vec::new());
     };
-    let mut used: Vec<String> = flashattn::cuda::compile_records()
-        .into_iter()
-        .map(|r| r.name)
-        .collect();
-    used.sort();
-    used.dedup();
+    let mut firsts: Vec<flashattn::cuda::CompileRecord> = Vec::new();
+    for r in flashattn::cuda::compile_records() {
+        if !firsts.iter().any(|f| f.name == r.name && f.arch == r.arch) {
+            firsts.push(r);
+        }
+    }
     let sources = flashattn::cuda::kernel_sources();
     let mut lines = Vec::new();
-    for name in used {
-        let Some(src) = sources.iter().find(|s| s.name == name) else {
-            continue;
+    for first in firsts {
+        let used = match first.compile_ms {
+            Some(c) => format!(
+                "first use: NVRTC compile {c:.1} ms + load {:.1} ms",
+                first.load_ms
+            ),
+            None => format!(
+                "first use: loaded from the disk cache in {:.1} ms",
+                first.load_ms
+            ),
         };
-        let (fresh, cached) = flashattn::cuda::measure_compile(ordinal, src)?;
-        lines.push(format!(
-            "{name} ({}): first-use compile {:.1} ms (+ load {:.1} ms), cached load {:.1} ms",
-            fresh.arch,
-            fresh.compile_ms.unwrap_or(0.0),
-            fresh.load_ms,
-            cached.load_ms
-        ));
+        let measured = match sources.iter().find(|s| s.name == first.name) {
+            Some(src) => {
+                let (fresh, cached) = flashattn::cuda::measure_compile(ordinal, src)?;
+                format!(
+                    "; measured again: compile {:.1} ms + load {:.1} ms, cached load {:.1} ms",
+                    fresh.compile_ms.unwrap_or(0.0),
+                    fresh.load_ms,
+                    cached.load_ms
+                )
+            }
+            None => String::new(),
+        };
+        lines.push(format!("{} ({}): {used}{measured}", first.name, first.arch));
     }
     Ok(lines)
 }
