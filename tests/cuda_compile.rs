@@ -5,6 +5,7 @@
 
 use flashattn::cuda::{self, KernelSource};
 use flashattn::{Device, Error, Tensor};
+use rayon::prelude::*;
 
 /// The architectures every variant must compile for: Ampere and Hopper (arch-specific).
 const ARCHS: [&str; 2] = ["sm_80", "sm_90a"];
@@ -36,35 +37,48 @@ fn every_kernel_variant_compiles_for_sm80_and_sm90a() {
     names.sort_unstable();
     names.dedup();
     assert_eq!(names.len(), sources.len(), "variant names must be unique");
-    let mut failures = Vec::new();
     for src in &sources {
         assert!(
             !src.code.contains("#include"),
             "{}: kernels must not include headers (NVRTC gets no include path)",
             src.name
         );
-        for arch in ARCHS {
+    }
+    // NVRTC programs are independent: compile on every core (hundreds of variants).
+    let jobs: Vec<(&KernelSource, &str)> = sources
+        .iter()
+        .flat_map(|s| ARCHS.iter().map(move |&a| (s, a)))
+        .collect();
+    let t0 = std::time::Instant::now();
+    let results: Vec<(String, std::result::Result<String, String>)> = jobs
+        .par_iter()
+        .map(|&(src, arch)| {
             let t = std::time::Instant::now();
-            match cuda::compile_ptx(src, arch) {
-                Ok(ptx) => {
-                    let entry = format!(".entry {}(", src.entry);
-                    assert!(
-                        ptx.contains(&entry),
-                        "{} ({arch}): PTX has no entry `{}`",
-                        src.name,
-                        src.entry
-                    );
-                    println!(
-                        "{:<48} {arch:<7} {:>7.1} ms {:>8} bytes of PTX",
-                        src.name,
-                        t.elapsed().as_secs_f64() * 1e3,
-                        ptx.len()
-                    );
-                }
-                Err(e) => failures.push(format!("{} ({arch}): {e}", src.name)),
-            }
+            let r = match cuda::compile_ptx(src, arch) {
+                Ok(ptx) if ptx.contains(&format!(".entry {}(", src.entry)) => Ok(format!(
+                    "{:>7.1} ms {:>8} bytes of PTX",
+                    t.elapsed().as_secs_f64() * 1e3,
+                    ptx.len()
+                )),
+                Ok(_) => Err(format!("PTX has no entry `{}`", src.entry)),
+                Err(e) => Err(e.to_string()),
+            };
+            (format!("{:<56} {arch:<7}", src.name), r)
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for (what, r) in results {
+        match r {
+            Ok(line) => println!("{what} {line}"),
+            Err(e) => failures.push(format!("{what}: {e}")),
         }
     }
+    println!(
+        "{} variants x {} architectures in {:.1} s",
+        sources.len(),
+        ARCHS.len(),
+        t0.elapsed().as_secs_f64()
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
