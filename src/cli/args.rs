@@ -39,7 +39,11 @@ Examples:
 Times are the fastest of --repeats runs after one untimed run. Extra memory is the peak of heap
 bytes allocated during the call beyond its inputs and outputs (a counting allocator). The
 standard attention is skipped, with a note, where its score matrix would not fit in the memory
-available (MemAvailable in /proc/meminfo).";
+available (MemAvailable in /proc/meminfo).
+On a GPU (--device cuda, forward only): rates in TFLOP/s, each time the fastest of --repeats
+batches of back-to-back calls; the standard attention is the library's cuBLAS baseline, its
+device memory the planned allocation (marked *), flashattn's device memory is not measured; the
+kernel variants' compile and cached-load times are printed after the table.";
 
 const RUN_EXAMPLES: &str = "\
 Examples:

@@ -202,9 +202,13 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
     }
     let bar = ProgressBar::new(configs.len() as u64);
     bar.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
-            .map_err(|e| fail(format!("progress bar template: {e}")))?,
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}",
+        )
+        .map_err(|e| fail(format!("progress bar template: {e}")))?,
     );
+    // Ticks on its own so the clock moves during long configurations.
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
     let mut rows = Vec::new();
     for (i, (pass, cfg)) in configs.iter().enumerate() {
         bar.set_message(format!("{} {}", pass.name(), cfg.describe()));
