@@ -113,8 +113,10 @@ mod tests {
 
     #[test]
     fn peak_counts_a_temporary_allocation() {
-        let (len, peak) = peak_during(|| vec![1u8; 1 << 20].len());
-        assert_eq!(len, 1 << 20);
-        assert!(peak >= 1 << 20, "peak {peak}");
+        // 64 MiB, far above what the other tests of this binary free meanwhile (they run in
+        // parallel and share the counters).
+        let (len, peak) = peak_during(|| vec![1u8; 64 << 20].len());
+        assert_eq!(len, 64 << 20);
+        assert!(peak >= 32 << 20, "peak {peak}");
     }
 }

@@ -163,6 +163,27 @@ mod tests {
     }
 
     #[test]
+    fn unsupported_arrays_are_named_not_misread() {
+        let with = |header: &str| {
+            let mut b = MAGIC.to_vec();
+            b.extend_from_slice(&[1, 0]);
+            b.extend_from_slice(&(header.len() as u16).to_le_bytes());
+            b.extend_from_slice(header.as_bytes());
+            b.extend_from_slice(&[0u8; 64]);
+            b
+        };
+        let big = with("{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }\n");
+        assert!(matches!(parse(&big).unwrap().1, Data::Other(d) if d == "numpy >f4"));
+        let f64s = with("{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }\n");
+        assert!(matches!(parse(&f64s).unwrap().1, Data::Other(d) if d == "numpy <f8"));
+        let fortran = with("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }\n");
+        assert!(parse(&fortran).unwrap_err().contains("Fortran"));
+        let short = with("{'descr': '<f4', 'fortran_order': False, 'shape': (100,), }\n");
+        assert!(parse(&short).unwrap_err().contains("truncated"));
+        assert!(parse(b"PK\x03\x04 not npy").is_err());
+    }
+
+    #[test]
     fn header_fields_are_found() {
         let h = "{'descr': '<f8', 'fortran_order': False, 'shape': (4, 5), }";
         assert_eq!(field(h, "descr"), Some("'<f8'"));
