@@ -178,17 +178,37 @@ fn too_big(need: u64, avail: Option<u64>) -> Option<String> {
     })
 }
 
+/// Measures every configuration, advancing `bar`.
+fn sweep(a: &BenchArgs, configs: &[(Pass, Config)], bar: &ProgressBar) -> CliResult<Vec<Row>> {
+    let mut rows = Vec::new();
+    for (i, (pass, cfg)) in configs.iter().enumerate() {
+        bar.set_message(format!("{} {}", pass.name(), cfg.describe()));
+        let x = cfg.inputs(a.seed + i as u64)?;
+        let flash = run_flash(&x, *pass, a.device, a.repeats)?;
+        let standard = run_standard(&x, *pass, a.device, a.repeats, a.no_standard)?;
+        rows.push(Row {
+            pass: *pass,
+            config: cfg.clone(),
+            device: a.device,
+            flash,
+            standard_device: a.device,
+            standard,
+        });
+        bar.inc(1);
+    }
+    Ok(rows)
+}
+
 /// Runs the sweep; prints the table and writes the chart and JSON asked for.
 pub fn run(a: &BenchArgs) -> CliResult<()> {
     a.validate()?;
     device::ensure_available(a.device)?;
     if a.device != Device::Cpu && a.pass != PassChoice::Forward {
         return Err(fail(format!(
-            "--pass {:?}: the backward runs on the CPU only in this version; use --pass forward \
-             with --device {}",
-            a.pass, a.device
-        )
-        .to_lowercase()));
+            "--pass backward/both: the backward runs on the CPU only in this version; use \
+             --pass forward with --device {}",
+            a.device
+        )));
     }
     for path in [&a.plot, &a.json].into_iter().flatten() {
         output::check_writable(path)?;
@@ -209,23 +229,9 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
     );
     // Ticks on its own so the clock moves during long configurations.
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
-    let mut rows = Vec::new();
-    for (i, (pass, cfg)) in configs.iter().enumerate() {
-        bar.set_message(format!("{} {}", pass.name(), cfg.describe()));
-        let x = cfg.inputs(a.seed + i as u64)?;
-        let flash = run_flash(&x, *pass, a.device, a.repeats)?;
-        let standard = run_standard(&x, *pass, a.device, a.repeats, a.no_standard)?;
-        rows.push(Row {
-            pass: *pass,
-            config: cfg.clone(),
-            device: a.device,
-            flash,
-            standard_device: a.device,
-            standard,
-        });
-        bar.inc(1);
-    }
+    let rows = sweep(a, &configs, &bar);
     bar.finish_and_clear();
+    let rows = rows?;
     print!("{}", render(&rows, a));
     for line in device::compile_report(a.device)? {
         println!("kernel {line}");
