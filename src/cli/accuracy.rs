@@ -80,10 +80,15 @@ pub fn lse_error(a: &[f64], b: &[f64]) -> f64 {
 /// The forward's errors and bounds.
 #[derive(Clone, Debug)]
 pub struct ForwardCheck {
+    /// Largest absolute error of the output.
     pub max_abs: f64,
+    /// Relative error of the output.
     pub rel: f64,
+    /// The bound `rel` must meet.
     pub bound: f64,
+    /// Largest relative error of the log-sum-exp.
     pub lse: f64,
+    /// The bound `lse` must meet.
     pub lse_bound: f64,
     /// The standard attention's relative error (f16/bf16 only: it sets the bound).
     pub standard: Option<f64>,
@@ -97,6 +102,7 @@ impl ForwardCheck {
         self
     }
 
+    /// Whether every error is within its bound.
     pub fn pass(&self) -> bool {
         self.rel <= self.bound && self.lse <= self.lse_bound
     }
@@ -105,16 +111,22 @@ impl ForwardCheck {
 /// The error of one gradient.
 #[derive(Clone, Debug)]
 pub struct GradientCheck {
+    /// `dq`, `dk`, `dv` or `dbias`.
     pub name: &'static str,
+    /// Largest absolute error.
     pub max_abs: f64,
+    /// Error relative to the magnitude of the summed terms.
     pub rel: f64,
+    /// The bound `rel` must meet.
     pub bound: f64,
+    /// The standard attention's error by the same measure (f16/bf16 only: it sets the bound).
     pub standard: Option<f64>,
 }
 
 /// Every gradient's error.
 #[derive(Clone, Debug)]
 pub struct BackwardCheck {
+    /// One entry per gradient.
     pub grads: Vec<GradientCheck>,
 }
 
@@ -125,6 +137,7 @@ impl BackwardCheck {
         self
     }
 
+    /// Whether every gradient is within its bound.
     pub fn pass(&self) -> bool {
         self.grads.iter().all(|g| g.rel <= g.bound)
     }

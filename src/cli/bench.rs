@@ -21,6 +21,7 @@ pub enum Pass {
 }
 
 impl Pass {
+    /// `forward` or `backward`.
     pub fn name(self) -> &'static str {
         match self {
             Pass::Forward => "forward",
@@ -38,20 +39,26 @@ const MEMORY_HEADROOM: f64 = 0.8;
 /// The standard attention's figures, or why it did not run.
 #[derive(Clone, Debug)]
 pub enum StandardOutcome {
+    /// It ran: its figures.
     Ran(Measurement),
+    /// It did not run: why.
     Skipped(String),
 }
 
 /// One configuration of the sweep and both methods' figures.
 #[derive(Clone, Debug)]
 pub struct Row {
+    /// The pass timed.
     pub pass: Pass,
+    /// Sizes, dtype and mask.
     pub config: Config,
     /// Where flashattn ran.
     pub device: Device,
+    /// flashattn's figures.
     pub flash: Measurement,
     /// Where the standard attention ran.
     pub standard_device: Device,
+    /// The standard attention's figures, or why it did not run.
     pub standard: StandardOutcome,
 }
 

@@ -9,19 +9,33 @@ use super::args::Layout;
 /// One attention configuration with random inputs.
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// Sequences (padded input).
     pub batch: usize,
+    /// Query heads.
     pub heads: usize,
+    /// Key/value heads.
     pub heads_kv: usize,
+    /// Queries per sequence (padded input).
     pub nq: usize,
+    /// Keys per sequence (padded input).
     pub nk: usize,
+    /// Head dim of q and k.
     pub d: usize,
+    /// Head dim of v.
     pub dv: usize,
+    /// Element type.
     pub dtype: DType,
+    /// Memory layout of q, k, v, dout.
     pub layout: Layout,
+    /// Which keys each query sees.
     pub window: Window,
+    /// Soft cap of the scores.
     pub softcap: Option<f32>,
+    /// Score scale (`None`: 1/sqrt(d)).
     pub scale: Option<f32>,
+    /// Random ALiBi slopes per head.
     pub alibi: bool,
+    /// A random full-shape bias.
     pub bias: bool,
     /// Per-sequence (query, key) lengths of a packed batch; `None`: padded.
     pub varlen: Option<Vec<(usize, usize)>>,
@@ -49,43 +63,53 @@ impl Config {
         }
     }
 
+    /// Key/value heads (GQA/MQA when fewer than the query heads).
     pub fn kv_heads(mut self, hk: usize) -> Self {
         self.heads_kv = hk;
         self
     }
+    /// Query and key sequence lengths.
     pub fn seqlens(mut self, nq: usize, nk: usize) -> Self {
         self.nq = nq;
         self.nk = nk;
         self
     }
+    /// The element type of q, k, v, dout (and the bias).
     pub fn dtype(mut self, t: DType) -> Self {
         self.dtype = t;
         self
     }
+    /// Causal attention.
     pub fn causal(mut self) -> Self {
         self.window = Window::CAUSAL;
         self
     }
+    /// A sliding window (`None`: unbounded on that side).
     pub fn window(mut self, left: Option<usize>, right: Option<usize>) -> Self {
         self.window = Window::new(left, right);
         self
     }
+    /// Soft-cap the scores at `c`.
     pub fn softcap(mut self, c: f32) -> Self {
         self.softcap = Some(c);
         self
     }
+    /// Random ALiBi slopes per head.
     pub fn alibi(mut self) -> Self {
         self.alibi = true;
         self
     }
+    /// A random bias of the full `[batch, heads, seqlen_q, seqlen_k]` shape.
     pub fn bias(mut self) -> Self {
         self.bias = true;
         self
     }
+    /// The memory layout of q, k, v and dout.
     pub fn layout(mut self, l: Layout) -> Self {
         self.layout = l;
         self
     }
+    /// A packed batch of these (query, key) lengths.
     pub fn varlen(mut self, lens: &[(usize, usize)]) -> Self {
         self.varlen = Some(lens.to_vec());
         self
@@ -226,10 +250,15 @@ impl Config {
 /// The tensors and params of one configuration.
 #[derive(Clone)]
 pub struct Inputs {
+    /// Queries.
     pub q: Tensor,
+    /// Keys.
     pub k: Tensor,
+    /// Values.
     pub v: Tensor,
+    /// Upstream gradient, shaped like the output.
     pub dout: Tensor,
+    /// Options (ALiBi, bias, varlen, mask...).
     pub p: AttentionParams,
 }
 
