@@ -180,8 +180,11 @@ fn huge_logits() {
             );
             let e = gpu_errors(&case, &x);
             println!("huge logits {dtype} causal={causal}: {e:?}");
+            // f32: the bound of tests/numerics.rs, from the CPU standard attention (its scores
+            // carry the same f32 rounding; cuBLAS's accumulation order can make the GPU one
+            // luckier on a given draw); f16/bf16: 2× the GPU standard attention.
             let tol = match dtype {
-                DType::F32 => F32_TOL.max(2.0 * e.standard + HALF_FLOOR),
+                DType::F32 => F32_TOL.max(2.0 * e.cpu_standard + HALF_FLOOR),
                 _ => tolerance(dtype, e.standard),
             };
             assert!(e.out <= tol, "{dtype} causal={causal}: {e:?} > {tol:e}");
