@@ -4,6 +4,8 @@
 # Logs and JSON go to $OUT (the device tool brings them back); a summary is printed last.
 #
 #   bash .device-NAME/bench/device_run.sh [tests] [sanitize] [bench] [bench-quick]   (default: all three)
+# On the H100: tests ~40 s, bench ~25 s, sanitize 5-7 min (memcheck + racecheck; TOOLS=racecheck
+# runs one), so give sanitize a call of its own within the 10-minute limit.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/flashattn-out}

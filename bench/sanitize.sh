@@ -4,6 +4,8 @@
 # Exit status 1 if either tool reports an error or the run fails.
 #
 #   bash bench/sanitize.sh PATH/TO/cuda_smoke
+#   TOOLS=racecheck bash bench/sanitize.sh ...     # one tool (each takes minutes on the H100:
+#                                                  # memcheck ~2, racecheck ~4; split the calls)
 set -uo pipefail
 bin=${1:?usage: sanitize.sh PATH/TO/cuda_smoke}
 OUT=${OUT:-/tmp/flashattn-out}
@@ -13,7 +15,7 @@ cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 # Compile (and cache) every variant outside the sanitizer first.
 "$bin" > "$OUT/smoke.log" 2>&1 || { echo "cuda_smoke failed:"; tail -20 "$OUT/smoke.log"; }
 status=0
-for tool in memcheck racecheck; do
+for tool in ${TOOLS:-memcheck racecheck}; do
     "$cs" --tool "$tool" --error-exitcode 99 --print-limit 50 "$bin" > "$OUT/$tool.log" 2>&1
     rc=$?
     echo "$tool: rc=$rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1)"

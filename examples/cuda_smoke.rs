@@ -137,19 +137,22 @@ mod smoke {
                 params: |_, _, _, _, _| AttentionParams::default(),
             },
             Config {
-                name: "softcap+alibi, negative scale, unaligned q",
+                name: "softcap+alibi+bias, negative scale, unaligned q",
                 all_dims: true,
                 unaligned: true,
                 heads: (2, 1),
                 lens: (40, 72),
                 varlen: None,
-                params: |rng, _, h, _, _| {
+                params: |rng, _, h, nq, nk| {
                     let slopes: Vec<f32> = (0..h).map(|_| rng.random_range(0.01f32..0.3)).collect();
+                    let bias: Vec<f32> =
+                        (0..nq * nk).map(|_| rng.random_range(-1f32..1.0)).collect();
                     AttentionParams::default()
                         .window(9, 3)
                         .scale(-0.2)
                         .softcap(8.0)
                         .alibi(Tensor::from_vec(slopes, &[h]).expect("slopes"))
+                        .bias(Tensor::from_vec(bias, &[1, 1, nq, nk]).expect("bias"))
                 },
             },
             Config {
