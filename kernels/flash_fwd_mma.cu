@@ -4,7 +4,8 @@
 // buffers each (cp.async): K(it+1) and V(it+1) load while block `it` is computed. S = Q.K^T and
 // the softmax stay in registers; P is re-packed in registers as the A operand of O += P.V.
 //
-// Tile defines: DQK, DV (padded head dims, multiples of 32), BR, BC, NWARPS, Q_IN_REGS, MIN_BLOCKS.
+// Tile defines: DQK, DV (padded head dims, multiples of 32), BR, BC, NWARPS, Q_IN_REGS, MIN_BLOCKS,
+// RESCALE_SLACK (0: the exact running max; 8: the max moves only by more than 2^8, see below).
 // Option defines (common.cuh) plus NONPOS_SCALE (scale <= 0: the row max is taken after scaling).
 
 #define NT (NWARPS * 32)
@@ -191,20 +192,47 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
         }
 #endif
 
-        // Online softmax: new row max, rescale what was accumulated, P = exp2(S * mult - max * mult).
+        // Online softmax. A row's reference max moves only when the block's max exceeds it by more
+        // than RESCALE_SLACK (log2 units), so P = exp2(S * mult - ref * mult) <= 2^RESCALE_SLACK
+        // stays exact in f32 while O and l share the reference; a warp whose rows all keep their
+        // reference skips the rescale of O.
+        float bmax[MT][2];
+        bool grow = false;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float mx = NEG_INF;
+#pragma unroll
+                for (int n = 0; n < BC / 8; ++n) mx = fmaxf(mx, fmaxf(sc[mt][n][2 * h], sc[mt][n][2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+                bmax[mt][h] = mx;
+                grow |= mx * mult > row_max[mt][h] * mult + RESCALE_SLACK;
+            }
+        if (__any_sync(0xffffffff, grow)) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float ref = row_max[mt][h];
+                    const float m_new = bmax[mt][h] * mult > ref * mult + RESCALE_SLACK ? bmax[mt][h] : ref;
+                    const float corr = fast_exp2(ref * mult - softmax_shift(m_new) * mult);
+                    row_max[mt][h] = m_new;
+                    row_sum[mt][h] *= corr;
+#pragma unroll
+                    for (int n = 0; n < DV / 8; ++n) {
+                        o[mt][n][2 * h] *= corr;
+                        o[mt][n][2 * h + 1] *= corr;
+                    }
+                }
+        }
         u32 pf[MT][BC / 16][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                float mx = row_max[mt][h];
-#pragma unroll
-                for (int n = 0; n < BC / 8; ++n) mx = fmaxf(mx, fmaxf(sc[mt][n][2 * h], sc[mt][n][2 * h + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-                const float shift = softmax_shift(mx) * mult;
-                const float corr = fast_exp2(row_max[mt][h] * mult - shift);
-                row_max[mt][h] = mx;
+                const float shift = softmax_shift(row_max[mt][h]) * mult;
                 float sum = 0.f;
 #pragma unroll
                 for (int n = 0; n < BC / 8; ++n)
@@ -214,12 +242,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
                         sc[mt][n][2 * h + e] = x;
                         sum += x;
                     }
-                row_sum[mt][h] = row_sum[mt][h] * corr + sum;
-#pragma unroll
-                for (int n = 0; n < DV / 8; ++n) {
-                    o[mt][n][2 * h] *= corr;
-                    o[mt][n][2 * h + 1] *= corr;
-                }
+                row_sum[mt][h] += sum;
             }
 #pragma unroll
             for (int kk = 0; kk < BC / 16; ++kk) {

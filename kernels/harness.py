@@ -47,19 +47,19 @@ def compile_cubin(src, arch, name="k.cu"):
     return cubin.raw, log.value.decode(), dt
 
 # name -> (kernel, defines). The tensor-core variants differ in tiles only; options are defines too.
-def mma_defines(dqk, dv, br, bc, nwarps, q_in_regs, min_blocks, dtype="bf16"):
+def mma_defines(dqk, dv, br, bc, nwarps, q_in_regs, min_blocks, slack=8, dtype="bf16"):
     return {f"ELEM_{dtype.upper()}": 1, "DQK": dqk, "DV": dv, "BR": br, "BC": bc, "NWARPS": nwarps,
-            "Q_IN_REGS": q_in_regs, "MIN_BLOCKS": min_blocks}
+            "Q_IN_REGS": q_in_regs, "MIN_BLOCKS": min_blocks, "RESCALE_SLACK": slack}
 
 VARIANTS = {
     "d64_128x64_w4": mma_defines(64, 64, 128, 64, 4, 1, 2),
-    "d64_128x64_w4_qs": mma_defines(64, 64, 128, 64, 4, 0, 2),
+    "d64_128x64_w4_exact": mma_defines(64, 64, 128, 64, 4, 1, 2, 0),
     "d64_128x128_w4_qs": mma_defines(64, 64, 128, 128, 4, 0, 1),
-    "d64_128x32_w4": mma_defines(64, 64, 128, 32, 4, 1, 2),
+    "d64_128x128_w4_qs_exact": mma_defines(64, 64, 128, 128, 4, 0, 1, 0),
     "d128_128x64_w4": mma_defines(128, 128, 128, 64, 4, 0, 1),
+    "d128_128x64_w4_exact": mma_defines(128, 128, 128, 64, 4, 0, 1, 0),
     "d128_128x32_w4": mma_defines(128, 128, 128, 32, 4, 0, 2),
-    "d128_128x64_w8": mma_defines(128, 128, 128, 64, 8, 1, 1),
-    "d128_128x32_w4_q": mma_defines(128, 128, 128, 32, 4, 1, 1),
+    "d128_128x32_w4_exact": mma_defines(128, 128, 128, 32, 4, 0, 2, 0),
 }
 
 GENERAL = {

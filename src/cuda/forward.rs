@@ -22,6 +22,11 @@ const MMA: &str = include_str!("../../kernels/mma.cuh");
 const FWD_MMA: &str = include_str!("../../kernels/flash_fwd_mma.cu");
 const FWD_GENERAL: &str = include_str!("../../kernels/flash_fwd_general.cu");
 
+/// How far (log2 units) a row's running max may rise before O is rescaled: exp2 of scores up to
+/// 2^8 above the reference is exact in f32, and O and l share the reference, so the result is the
+/// same while most key blocks skip the rescale.
+const RESCALE_SLACK: u32 = 8;
+
 /// The compile-time options of a variant: each one removes its code when off.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub(crate) struct Options {
@@ -93,8 +98,8 @@ pub(crate) fn kernel_source(path: &Path, dtype: DType, opts: Options) -> KernelS
         Path::Mma(t) => {
             code += &format!(
                 "#define DQK {}\n#define DV {}\n#define BR {}\n#define BC {}\n#define NWARPS {}\n\
-                 #define Q_IN_REGS {}\n#define MIN_BLOCKS {}\n",
-                t.dqk, t.dv, t.br, t.bc, t.warps, t.q_in_regs as u8, t.min_blocks
+                 #define Q_IN_REGS {}\n#define MIN_BLOCKS {}\n#define RESCALE_SLACK {}\n",
+                t.dqk, t.dv, t.br, t.bc, t.warps, t.q_in_regs as u8, t.min_blocks, RESCALE_SLACK
             );
             code += &[COMMON, MMA, FWD_MMA].join("\n");
             let name = format!(
@@ -128,25 +133,29 @@ pub(crate) fn kernel_source(path: &Path, dtype: DType, opts: Options) -> KernelS
 }
 
 /// Every forward variant: each tile the tile table can pick (tensor-core: f16 and bf16, head dims
-/// 32..=256 on 227 KB and 99 KB parts; CUDA-core: every dtype, head dims 32..=512), with all
-/// options on (every `#if` branch of the kernels compiled), plus the options-off variant of
-/// each tensor-core tile and of the CUDA-core kernel at head dim 64.
+/// 32..=256, on 227 KB and 99 KB parts, for every hint; CUDA-core: every dtype, head dims
+/// 32..=512). Tiles picked for score mods are listed with every option on (every `#if` branch
+/// compiled); the others with no option and with the mask alone; the CUDA-core kernel with every
+/// option, and with none at head dim 64.
 pub fn kernel_sources() -> Vec<KernelSource> {
-    let mut tiles: Vec<(Path, DType)> = Vec::new();
+    let mut out: Vec<KernelSource> = Vec::new();
     for dtype in [DType::F16, DType::BF16] {
         for d in (32..=256).step_by(32) {
-            for max_shared in [227 * 1024, 99 * 1024] {
-                let t = Path::Mma(super::tile_config::mma_tile(d, d, max_shared));
-                if !tiles.contains(&(t, dtype)) {
-                    tiles.push((t, dtype));
+            for (t, hints) in super::tile_config::all_mma_tiles(d, d) {
+                let opts = if hints.score_mods {
+                    Options::ALL
+                } else {
+                    Options {
+                        mask: true,
+                        ..Options::default()
+                    }
+                };
+                out.push(kernel_source(&Path::Mma(t), dtype, opts));
+                if !hints.score_mods {
+                    out.push(kernel_source(&Path::Mma(t), dtype, Options::default()));
                 }
             }
         }
-    }
-    let mut out: Vec<KernelSource> = Vec::new();
-    for (t, dtype) in &tiles {
-        out.push(kernel_source(t, *dtype, Options::default()));
-        out.push(kernel_source(t, *dtype, Options::ALL));
     }
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         for d in (32..=512).step_by(32) {
@@ -156,6 +165,8 @@ pub fn kernel_sources() -> Vec<KernelSource> {
         let t = Path::General(super::tile_config::general_tile(64, 64));
         out.push(kernel_source(&t, dtype, Options::default()));
     }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out.dedup_by(|a, b| a.name == b.name);
     out
 }
 
@@ -308,7 +319,6 @@ pub(crate) fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cuda::tile_config::{GeneralTile, MmaTile};
 
     #[test]
     fn variant_names_are_unique() {
@@ -321,24 +331,42 @@ mod tests {
     }
 
     #[test]
-    fn unused_tiles_are_not_listed() {
-        let t = MmaTile {
-            dqk: 64,
-            dv: 64,
-            br: 128,
-            bc: 64,
-            warps: 4,
-            q_in_regs: true,
-            min_blocks: 2,
+    fn every_pickable_variant_is_listed() {
+        use crate::cuda::tile_config::{Hints, general_tile, mma_tile};
+        let names: Vec<String> = kernel_sources().into_iter().map(|s| s.name).collect();
+        let listed = |path: Path, dtype, opts| {
+            let name = kernel_source(&path, dtype, opts).name;
+            assert!(names.contains(&name), "{name} is not in kernel_sources()");
         };
-        let name = kernel_source(&Path::Mma(t), DType::BF16, Options::default()).name;
-        assert!(kernel_sources().iter().any(|s| s.name == name));
-        let g = GeneralTile {
-            dqk: 512,
-            dv: 512,
-            bc: 16,
-        };
-        let name = kernel_source(&Path::General(g), DType::F32, Options::ALL).name;
-        assert!(kernel_sources().iter().any(|s| s.name == name));
+        for dtype in [DType::F16, DType::BF16] {
+            for d in (32..=256).step_by(32) {
+                for (score_mods, mask, max_nk) in
+                    [(false, false, 64), (false, true, 5000), (true, true, 9)]
+                {
+                    let hints = Hints {
+                        score_mods,
+                        mask,
+                        max_nk,
+                    };
+                    let opts = if score_mods {
+                        Options::ALL
+                    } else {
+                        Options {
+                            mask,
+                            ..Options::default()
+                        }
+                    };
+                    for max_shared in [227 * 1024, 99 * 1024] {
+                        listed(Path::Mma(mma_tile(d, d, hints, max_shared)), dtype, opts);
+                    }
+                }
+            }
+        }
+        listed(
+            Path::General(general_tile(512, 512)),
+            DType::F32,
+            Options::ALL,
+        );
+        listed(Path::General(general_tile(1, 3)), DType::BF16, Options::ALL);
     }
 }

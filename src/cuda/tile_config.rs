@@ -1,18 +1,22 @@
 //! Which kernel and which tile shape a problem runs with: pure functions of head dims, dtype,
-//! strides and the device's shared-memory limit, so they can be read (and tested) apart from the
-//! kernels.
+//! options, sequence length, strides and the device's shared-memory limit, so they can be read
+//! (and tested) apart from the kernels.
 //!
 //! Measured on an NVIDIA H100 80GB HBM3 (sm_90a), 2026-11-22, bf16, batch·N = 16384,
-//! heads·D = 2048, by `kernels/harness.py bench` (TFLOP/s at N = 2048 / 8192, non-causal; every
-//! variant and shape is in kernels/README.md):
-//! - D = 64: Br×Bc = 128×64 with 4 warps (two 16-row slices per warp, Q in registers) 269 / 263;
-//!   128×128 / 4 warps 238 / 243 (spills); 128×64 / 8 warps 201 / 229; 64×64 / 4 warps 173 / 200.
-//! - D = 128: 128×64 / 4 warps (Q re-read from shared memory) 264 / 265; 128×32 / 4 warps
-//!   239 / 259; 128×64 / 8 warps 240 / 266; 64×64 / 4 warps 186 / 223.
+//! heads·D = 2048, by `python3 kernels/harness.py bench` (every variant and shape is in
+//! kernels/README.md). TFLOP/s at N = 512 / 2048 / 16384:
+//! - D = 64, no mask: Br×Bc = 128×128, 4 warps, Q re-read from shared memory 278 / 316 / 334;
+//!   128×64, Q in registers 275 / 323 / 322 (PyTorch's FlashAttention-2 backend: 267 / 284 / 305).
+//!   Causal: 128×128 181 / 275 / 323, 128×64 180 / 272 / 302 (FA2: 155 / 253 / 303). 128×128
+//!   spills with every score mod compiled in, so those variants take 128×64.
+//! - D = 128, no mask: 128×64 284 / 343 / 352, 128×32 292 / 327 / 353 (FA2 302 / 331 / 334);
+//!   causal: 128×64 199 / 302 / 333, 128×32 187 / 272 / 328 (FA2 183 / 279 / 313). So 128×32
+//!   only for unmasked calls of at most 1024 keys.
 //!
 //! Two 16-row slices per warp halve the shared-memory reads of K and V per tensor-core
-//! instruction; at one slice per warp the ldmatrix traffic (256 bytes per m16n8k16) exceeds the
-//! 128 B/clock of shared memory before the tensor cores are busy.
+//! instruction; at one slice per warp (64×64 or 128×64 with 8 warps: 186 and 240 at D = 128,
+//! N = 2048, measured before the grid order was fixed, against 264 for 128×64 with 4 warps) the
+//! ldmatrix traffic (256 bytes per m16n8k16) exceeds the 128 B/clock of shared memory.
 
 use crate::dtype::DType;
 use crate::problem::Problem;
@@ -84,54 +88,77 @@ fn round_up(x: usize, m: usize) -> usize {
     x.div_ceil(m) * m
 }
 
+/// What besides the head dims steers the tensor-core tile.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Hints {
+    /// Softcap, ALiBi, bias or a non-positive scale is compiled in (more registers).
+    pub score_mods: bool,
+    /// A window or causal mask.
+    pub mask: bool,
+    /// The longest key sequence.
+    pub max_nk: usize,
+}
+
 /// The tensor-core tile for padded head dims `dqk`, `dv` (multiples of 32, at most 256), within
 /// `max_shared` bytes of shared memory per block.
-pub(crate) fn mma_tile(dqk: usize, dv: usize, max_shared: usize) -> MmaTile {
+pub(crate) fn mma_tile(dqk: usize, dv: usize, hints: Hints, max_shared: usize) -> MmaTile {
     let d = dqk.max(dv);
+    let tile = |br, bc, q_in_regs, min_blocks| MmaTile {
+        dqk,
+        dv,
+        br,
+        bc,
+        warps: 4,
+        q_in_regs,
+        min_blocks,
+    };
     let preferred = if d <= 64 {
-        MmaTile {
-            dqk,
-            dv,
-            br: 128,
-            bc: 64,
-            warps: 4,
-            q_in_regs: true,
-            min_blocks: 2,
+        if hints.score_mods {
+            tile(128, 64, true, 2)
+        } else {
+            tile(128, 128, false, 1)
         }
     } else if d <= 128 {
-        MmaTile {
-            dqk,
-            dv,
-            br: 128,
-            bc: 64,
-            warps: 4,
-            q_in_regs: false,
-            min_blocks: 1,
+        if !hints.mask && hints.max_nk <= 1024 {
+            tile(128, 32, false, 2)
+        } else {
+            tile(128, 64, false, 1)
         }
     } else {
-        MmaTile {
-            dqk,
-            dv,
-            br: 64,
-            bc: 32,
-            warps: 4,
-            q_in_regs: false,
-            min_blocks: 1,
-        }
+        tile(64, 32, false, 1)
     };
     if preferred.shared_bytes() <= max_shared {
         return preferred;
     }
     // Smaller parts (sm_86/89: 99 KB per block): one 16-row slice per warp, 32-key blocks.
-    MmaTile {
-        dqk,
-        dv,
-        br: 64,
-        bc: 32,
-        warps: 4,
-        q_in_regs: false,
-        min_blocks: 1,
+    tile(64, 32, false, 1)
+}
+
+/// Every tile [`mma_tile`] can return for padded head dims `dqk`, `dv`, once with and once without
+/// score mods where both pick it, with hints that pick it.
+pub(crate) fn all_mma_tiles(dqk: usize, dv: usize) -> Vec<(MmaTile, Hints)> {
+    let mut out: Vec<(MmaTile, Hints)> = Vec::new();
+    for score_mods in [false, true] {
+        for mask in [false, true] {
+            for max_nk in [1024, 1025] {
+                for max_shared in [227 * 1024, 99 * 1024] {
+                    let h = Hints {
+                        score_mods,
+                        mask,
+                        max_nk,
+                    };
+                    let t = mma_tile(dqk, dv, h, max_shared);
+                    if !out
+                        .iter()
+                        .any(|(u, g)| *u == t && g.score_mods == score_mods)
+                    {
+                        out.push((t, h));
+                    }
+                }
+            }
+        }
     }
+    out
 }
 
 /// The CUDA-core tile for head dims `dqk`, `dv` (1..=512).
@@ -163,9 +190,18 @@ pub(crate) fn choose(p: &Problem, align: &Alignment, max_shared: usize) -> Path 
     let aligned =
         align.strides.iter().all(|s| s % 8 == 0) && align.addresses.iter().all(|a| a % 16 == 0);
     if half && dims_ok && aligned {
+        let hints = Hints {
+            score_mods: p.softcap.is_some()
+                || p.alibi.is_some()
+                || p.bias.is_some()
+                || p.scale <= 0.0,
+            mask: !p.window.is_full(),
+            max_nk: p.max_nk,
+        };
         let tile = mma_tile(
             round_up(p.head_dim, 32),
             round_up(p.head_dim_v, 32),
+            hints,
             max_shared,
         );
         if tile.shared_bytes() <= max_shared {
@@ -184,10 +220,16 @@ mod tests {
         for dqk in (32..=256).step_by(32) {
             for dv in (32..=256).step_by(32) {
                 for max in [99 * 1024, 163 * 1024, 227 * 1024] {
-                    let t = mma_tile(dqk, dv, max);
-                    assert!(t.shared_bytes() <= max, "{t:?} at {max}");
-                    assert_eq!(t.br % (16 * t.warps), 0);
-                    assert_eq!(t.bc % 16, 0);
+                    for (t, h) in all_mma_tiles(dqk, dv) {
+                        let t = if t.shared_bytes() <= max {
+                            t
+                        } else {
+                            mma_tile(dqk, dv, h, max)
+                        };
+                        assert!(t.shared_bytes() <= max, "{t:?} at {max}");
+                        assert_eq!(t.br % (16 * t.warps), 0);
+                        assert_eq!(t.bc % 16, 0);
+                    }
                 }
             }
         }
