@@ -123,7 +123,10 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
 #endif
 
     float o[MT][DV / 8][4];
-    float row_max[MT][2], row_sum[MT][2];
+    // row_sum: the sum of P in f32 (for the LSE); row_sum_r: the sum of P as rounded for the P.V
+    // product, which normalizes O (so the weights applied to V sum to 1: a one-hot row gives its
+    // V row exactly even when P = 2^x with the lazy reference max).
+    float row_max[MT][2], row_sum[MT][2], row_sum_r[MT][2];
     u32 qf[MT][DQK / 16][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -135,6 +138,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
         for (int h = 0; h < 2; ++h) {
             row_max[mt][h] = NEG_INF;
             row_sum[mt][h] = 0.f;
+            row_sum_r[mt][h] = 0.f;
         }
     }
 
@@ -220,6 +224,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
                     const float corr = fast_exp2(ref * mult - softmax_shift(m_new) * mult);
                     row_max[mt][h] = m_new;
                     row_sum[mt][h] *= corr;
+                    row_sum_r[mt][h] *= corr;
 #pragma unroll
                     for (int n = 0; n < DV / 8; ++n) {
                         o[mt][n][2 * h] *= corr;
@@ -250,6 +255,8 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
                 pf[mt][kk][1] = pack2(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
                 pf[mt][kk][2] = pack2(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
                 pf[mt][kk][3] = pack2(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
+                row_sum_r[mt][0] += packed_sum(pf[mt][kk][0]) + packed_sum(pf[mt][kk][2]);
+                row_sum_r[mt][1] += packed_sum(pf[mt][kk][1]) + packed_sum(pf[mt][kk][3]);
             }
         }
 
@@ -264,12 +271,14 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float l = row_sum[mt][h];
+            float l = row_sum[mt][h], lr = row_sum_r[mt][h];
             l += __shfl_xor_sync(0xffffffff, l, 1);
             l += __shfl_xor_sync(0xffffffff, l, 2);
+            lr += __shfl_xor_sync(0xffffffff, lr, 1);
+            lr += __shfl_xor_sync(0xffffffff, lr, 2);
             const int i = i0 + wrow0 + mt * 16 + g + 8 * h;
             if (i >= s.nq) continue;
-            const float inv = softmax_inv_sum(l);
+            const float inv = softmax_inv_sum(lr);
             elem_t* og = p.o + s.b * p.o_batch + (i64)(s.q_row0 + i) * p.o_row + s.h * p.o_head;
 #pragma unroll
             for (int n = 0; n < DV / 8; ++n) {

@@ -192,8 +192,8 @@ fn upload<T: cudarc::driver::DeviceRepr>(g: &Gpu, v: &[T]) -> Result<CudaSlice<T
 }
 
 /// Runs the forward of a validated problem whose tensors live on one GPU. The output (shaped like
-/// `q` with `v`'s head dim, in `q`'s memory order) and the LSE are allocated on the device,
-/// poisoned, and fully written by the kernel.
+/// `q` with `v`'s head dim, in `q`'s memory order) and the LSE are allocated on the device
+/// (poisoned when tests ask for it) and fully written by the kernel.
 pub(crate) fn forward(
     p: &Problem,
     q: &Tensor,
@@ -223,12 +223,12 @@ pub(crate) fn forward(
     let out_shape = Problem::shape_like(q, p.head_dim_v);
     let out_strides = strides_like(q, &out_shape);
     let out_len: usize = out_shape.iter().product();
-    let out_store = CudaStorage::alloc_poisoned(&g, p.dtype, out_len)?;
+    let out_store = CudaStorage::alloc_output(&g, p.dtype, out_len)?;
     let o_ptr = out_store.device_ptr();
     let out = Tensor::from_cuda_storage(out_store, &out_shape, &out_strides, 0)?;
     let lse_shape = p.lse_shape();
     let lse_len: usize = lse_shape.iter().product();
-    let lse_store = CudaStorage::alloc_poisoned(&g, DType::F32, lse_len)?;
+    let lse_store = CudaStorage::alloc_output(&g, DType::F32, lse_len)?;
     let lse_ptr = lse_store.device_ptr();
     let lse = Tensor::from_cuda_storage(lse_store, &lse_shape, &contiguous_strides(&lse_shape), 0)?;
     if out_len == 0 || lse_len == 0 {
