@@ -3,7 +3,10 @@
 //! use through the cached loader, and launches it with a [`FlashParams`] on the GPU's stream.
 
 use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::compile::{KernelSource, function};
 use super::device::{Gpu, gpu};
@@ -170,6 +173,35 @@ pub fn kernel_sources() -> Vec<KernelSource> {
     out
 }
 
+/// A variant's loaded kernel with its shared-memory limit raised, by a small key: after the first
+/// call a launch costs one hash lookup, not the building and comparing of its source.
+fn launchable(
+    g: &Gpu,
+    path: &Path,
+    dtype: DType,
+    opts: Options,
+    shared: usize,
+) -> Result<CudaFunction> {
+    type Key = (usize, Path, DType, Options);
+    static READY: OnceLock<Mutex<HashMap<Key, CudaFunction>>> = OnceLock::new();
+    let ready = READY.get_or_init(Default::default);
+    let key = (g.ordinal, *path, dtype, opts);
+    if let Some(f) = ready.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(f.clone());
+    }
+    let func = function(g, &kernel_source(path, dtype, opts))?;
+    func.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        shared as i32,
+    )
+    .map_err(Gpu::err("setting the kernel's shared memory"))?;
+    ready
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, func.clone());
+    Ok(func)
+}
+
 fn too_large(what: &str, n: usize) -> Error {
     Error::Unsupported {
         device: "cuda",
@@ -292,13 +324,7 @@ pub(crate) fn forward(
             });
         }
     }
-    let src = kernel_source(&path, p.dtype, Options::of(p));
-    let func = function(&g, &src)?;
-    func.set_attribute(
-        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        shared as i32,
-    )
-    .map_err(Gpu::err("setting the kernel's shared memory"))?;
+    let func = launchable(&g, &path, p.dtype, Options::of(p), shared)?;
     let cfg = LaunchConfig {
         grid_dim: (blocks as u32, p.heads_q as u32, p.batch as u32),
         block_dim: (threads as u32, 1, 1),
