@@ -58,18 +58,11 @@ typedef u16 elem_t;
 __device__ __forceinline__ float to_f32(u16 x) { return f16_to_f32(x); }
 __device__ __forceinline__ u16 from_f32(float x) { return f32_to_f16(x); }
 __device__ __forceinline__ u32 pack2(float lo, float hi) { return pack_f16x2(lo, hi); }
-// The sum of the two values packed by `pack2`, as rounded.
-__device__ __forceinline__ float packed_sum(u32 x) {
-    return f16_to_f32((u16)(x & 0xffffu)) + f16_to_f32((u16)(x >> 16));
-}
 #elif defined(ELEM_BF16)
 typedef u16 elem_t;
 __device__ __forceinline__ float to_f32(u16 x) { return bf16_to_f32(x); }
 __device__ __forceinline__ u16 from_f32(float x) { return f32_to_bf16(x); }
 __device__ __forceinline__ u32 pack2(float lo, float hi) { return pack_bf16x2(lo, hi); }
-__device__ __forceinline__ float packed_sum(u32 x) {
-    return __uint_as_float(x << 16) + __uint_as_float(x & 0xffff0000u);
-}
 #else
 #error "define one of ELEM_F32, ELEM_F16, ELEM_BF16"
 #endif

@@ -64,19 +64,21 @@ extern "C" __global__ void __launch_bounds__(GT) flash_fwd_general(const FlashPa
             for (int d = 0; d < p.head_dim; ++d) dot = fmaf(sQ[r * GPQ + d], sK[jj * GPQ + d], dot);
             float x = score_mods(p, s, dot, i, j, slope, brow);
             if (!visible(p, s, i, j)) x = NEG_INF;
-            sc[u] = x * LOG2E;
-            mx = fmaxf(mx, sc[u]);
+            sc[u] = x;  // natural units: log2(e) goes into the exponent's FMA, unrounded
+            mx = fmaxf(mx, x);
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 4));
-        const float shift = softmax_shift(mx);
-        const float corr = exp2f(row_max - shift);
+        // The shift in log2 units is rounded once and reused as is, so P of earlier blocks and the
+        // correction factor refer to the same value.
+        const float shift = softmax_shift(mx) * LOG2E;
+        const float corr = exp2f(row_max * LOG2E - shift);
         row_max = mx;
         float sum = 0.f;
 #pragma unroll
         for (int u = 0; u < BCG / 8; ++u) {
-            const float e = exp2f(sc[u] - shift);
+            const float e = exp2f(fmaf(sc[u], LOG2E, -shift));
             sP[r * BCG + c8 + 8 * u] = e;
             sum += e;
         }
@@ -103,5 +105,5 @@ extern "C" __global__ void __launch_bounds__(GT) flash_fwd_general(const FlashPa
         const int col = c8 + 8 * c;
         if (col < p.head_dim_v) og[col] = from_f32(o[c] * inv);
     }
-    if (c8 == 0) p.lse[s.b * p.lse_batch + s.h * p.lse_head + s.q_row0 + i] = softmax_lse(row_max, l);
+    if (c8 == 0) p.lse[s.b * p.lse_batch + s.h * p.lse_head + s.q_row0 + i] = softmax_lse(row_max * LOG2E, l);
 }

@@ -52,12 +52,16 @@ __device__ __forceinline__ void scores_qk(float sc[MT][BC / 8][4], const u32 qf[
     }
 }
 
-// O[mt] += P[mt] . V_block, P already packed as A fragments.
-__device__ __forceinline__ void accumulate_pv(float o[MT][DV / 8][4], const u32 pf[MT][BC / 16][4],
-                                              u32 sVb, int lane) {
+// O[mt] += P[mt] . V_block, P already packed as A fragments; psum[mt] += P[mt] . ones, the row sums
+// of P as rounded (every column of the 16x8 result holds the sum of its row).
+__device__ __forceinline__ void accumulate_pv(float o[MT][DV / 8][4], float psum[MT][4],
+                                              const u32 pf[MT][BC / 16][4], u32 sVb, int lane) {
+    const u32 ones = pack2(1.f, 1.f);
     const u32 v_lane = sVb + ((((lane >> 3) & 1) * 8 + (lane & 7)) * PV + (lane >> 4) * 8) * 2;
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma_16816(psum[mt], pf[mt][kk], ones, ones);
 #pragma unroll
         for (int dn = 0; dn < DV / 16; ++dn) {
             u32 b[4];
@@ -117,16 +121,19 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
     const u32 sQw = sQ + wrow0 * PQK * 2;
     const float slope = alibi_slope(p, s);
 #if SCORE_MODS
-    const float mult = 1.f;  // scores are turned into log2 units before the softmax
+    // Scores after the mods are in natural units; log2(e) is applied inside the exponent's FFMA
+    // (never rounded into each score: at |s| ~ 1e4 that would cost 1e-3 of relative error).
+    const float mult = LOG2E;
 #else
     const float mult = p.scale_log2;  // scale * log2(e), folded into the exponent's FFMA
 #endif
 
     float o[MT][DV / 8][4];
-    // row_sum: the sum of P in f32 (for the LSE); row_sum_r: the sum of P as rounded for the P.V
-    // product, which normalizes O (so the weights applied to V sum to 1: a one-hot row gives its
-    // V row exactly even when P = 2^x with the lazy reference max).
-    float row_max[MT][2], row_sum[MT][2], row_sum_r[MT][2];
+    // row_sum: the sum of P in f32 (for the LSE). psum: the sum of P as rounded for the P.V
+    // product (by the tensor cores, P times a column of ones), which normalizes O, so the weights
+    // applied to V sum to 1: a one-hot row gives its V row exactly even when its P is 2^x != 1
+    // under the lazy reference max.
+    float row_max[MT][2], row_sum[MT][2], psum[MT][4];
     u32 qf[MT][DQK / 16][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -138,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
         for (int h = 0; h < 2; ++h) {
             row_max[mt][h] = NEG_INF;
             row_sum[mt][h] = 0.f;
-            row_sum_r[mt][h] = 0.f;
+            psum[mt][2 * h] = psum[mt][2 * h + 1] = 0.f;
         }
     }
 
@@ -177,7 +184,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
                         const int j = j0 + n * 8 + 2 * t + e;
                         float x = score_mods(p, s, sc[mt][n][2 * h + e], i, j, slope, brow);
                         if (!full && !visible(p, s, i, j)) x = NEG_INF;
-                        sc[mt][n][2 * h + e] = x * LOG2E;
+                        sc[mt][n][2 * h + e] = x;
                     }
             }
 #else
@@ -224,7 +231,8 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
                     const float corr = fast_exp2(ref * mult - softmax_shift(m_new) * mult);
                     row_max[mt][h] = m_new;
                     row_sum[mt][h] *= corr;
-                    row_sum_r[mt][h] *= corr;
+                    psum[mt][2 * h] *= corr;
+                    psum[mt][2 * h + 1] *= corr;
 #pragma unroll
                     for (int n = 0; n < DV / 8; ++n) {
                         o[mt][n][2 * h] *= corr;
@@ -255,14 +263,12 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
                 pf[mt][kk][1] = pack2(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
                 pf[mt][kk][2] = pack2(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
                 pf[mt][kk][3] = pack2(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
-                row_sum_r[mt][0] += packed_sum(pf[mt][kk][0]) + packed_sum(pf[mt][kk][2]);
-                row_sum_r[mt][1] += packed_sum(pf[mt][kk][1]) + packed_sum(pf[mt][kk][3]);
             }
         }
 
         cp_async_wait<2>();  // V(it) landed; K(it+1), V(it+1) may still be in flight
         __syncthreads();
-        accumulate_pv(o, pf, sV + (it & 1) * BC * PV * 2, lane);
+        accumulate_pv(o, psum, pf, sV + (it & 1) * BC * PV * 2, lane);
     }
     cp_async_wait<0>();
 
@@ -271,11 +277,10 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float l = row_sum[mt][h], lr = row_sum_r[mt][h];
+            float l = row_sum[mt][h];
             l += __shfl_xor_sync(0xffffffff, l, 1);
             l += __shfl_xor_sync(0xffffffff, l, 2);
-            lr += __shfl_xor_sync(0xffffffff, lr, 1);
-            lr += __shfl_xor_sync(0xffffffff, lr, 2);
+            const float lr = psum[mt][2 * h];
             const int i = i0 + wrow0 + mt * 16 + g + 8 * h;
             if (i >= s.nq) continue;
             const float inv = softmax_inv_sum(lr);
