@@ -174,17 +174,19 @@ __device__ __forceinline__ bool block_is_full(const FlashParams& p, const SeqInf
 
 // Score of query `i`, key `j` (both within the sequence) from the raw dot product, in natural units.
 // `slope` is the ALiBi slope of this (batch, head); `bias_row` points at bias[b, h, i, 0].
-__device__ __forceinline__ float score_mods(const FlashParams& p, const SeqInfo& s, float dot, int i,
-                                            int j, float slope, const float* bias_row) {
-    float x = dot * p.scale;
+// T is float (tensor-core kernel) or double (CUDA-core kernel, see flash_fwd_general.cu).
+template <typename T>
+__device__ __forceinline__ T score_mods(const FlashParams& p, const SeqInfo& s, T dot, int i, int j,
+                                        float slope, const float* bias_row) {
+    T x = dot * (T)p.scale;
 #if HAS_SOFTCAP
-    x = p.softcap * tanhf(x / p.softcap);
+    x = (T)p.softcap * tanh(x / (T)p.softcap);
 #endif
 #if HAS_ALIBI
-    x -= slope * fabsf((float)(i + s.diag - j));
+    x -= (T)slope * (T)abs(i + s.diag - j);
 #endif
 #if HAS_BIAS
-    if (i < s.nq && j < s.nk) x += bias_row[(i64)j * p.bias_col];
+    if (i < s.nq && j < s.nk) x += (T)bias_row[(i64)j * p.bias_col];
 #endif
     return x;
 }

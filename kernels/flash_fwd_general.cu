@@ -1,7 +1,9 @@
 // FlashAttention forward on CUDA cores, for every dtype and head dim (f32 inputs, f16/bf16 with head
 // dims over 256 or strides the tensor-core path cannot load by 16 bytes). Computes in f32 with the
 // same vocabulary as the tensor-core kernel: one block owns 16 query rows of one (batch, head), a
-// row is shared by 8 lanes; K/V blocks of BCG keys are staged in shared memory as f32.
+// row is shared by 8 lanes; K/V blocks of BCG keys are staged in shared memory as f32. Scores and
+// the running max are kept in f64 (the dot products too), so at logits of ~1e4 the exponent's
+// argument s - max carries no f32 rounding of s (6e-4 there); P, O and the sums are f32.
 //
 // Tile defines: DQK_MAX, DV_MAX (head dims rounded up to a multiple of 8), BCG (keys per block).
 
@@ -19,6 +21,8 @@ __device__ __forceinline__ void load_tile_f32(float* dst, int pitch, int width, 
         dst[r * pitch + c] = (r < rows && c < cols) ? to_f32(src[r * stride + c]) : 0.f;
     }
 }
+
+__device__ __forceinline__ double row_max_neg_inf() { return -__longlong_as_double(0x7ff0000000000000ll); }
 
 extern "C" __global__ void __launch_bounds__(GT) flash_fwd_general(const FlashParams p) {
     extern __shared__ __align__(16) float gsmem[];
@@ -46,7 +50,8 @@ extern "C" __global__ void __launch_bounds__(GT) flash_fwd_general(const FlashPa
     float o[DV_MAX / 8];
 #pragma unroll
     for (int c = 0; c < DV_MAX / 8; ++c) o[c] = 0.f;
-    float row_max = NEG_INF, row_sum = 0.f;
+    double row_max = row_max_neg_inf();
+    float row_sum = 0.f;
 
     for (int nb = nb_first; nb < nb_end; ++nb) {
         const int j0 = nb * BCG;
@@ -55,30 +60,29 @@ extern "C" __global__ void __launch_bounds__(GT) flash_fwd_general(const FlashPa
         load_tile_f32<BCG>(sV, DV_MAX, DV_MAX, vg + (i64)j0 * p.v_row, p.v_row, s.nk - j0, p.head_dim_v);
         __syncthreads();
 
-        float sc[BCG / 8];
-        float mx = row_max;
+        double sc[BCG / 8];
+        double mx = row_max;
 #pragma unroll
         for (int u = 0; u < BCG / 8; ++u) {
             const int jj = c8 + 8 * u, j = j0 + jj;
-            float dot = 0.f;
-            for (int d = 0; d < p.head_dim; ++d) dot = fmaf(sQ[r * GPQ + d], sK[jj * GPQ + d], dot);
-            float x = score_mods(p, s, dot, i, j, slope, brow);
-            if (!visible(p, s, i, j)) x = NEG_INF;
-            sc[u] = x;  // natural units: log2(e) goes into the exponent's FMA, unrounded
-            mx = fmaxf(mx, x);
+            double dot = 0.0;
+            for (int d = 0; d < p.head_dim; ++d)
+                dot = fma((double)sQ[r * GPQ + d], (double)sK[jj * GPQ + d], dot);
+            double x = score_mods(p, s, dot, i, j, slope, brow);
+            if (!visible(p, s, i, j)) x = row_max_neg_inf();
+            sc[u] = x;
+            mx = fmax(mx, x);
         }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 4));
-        // The shift in log2 units is rounded once and reused as is, so P of earlier blocks and the
-        // correction factor refer to the same value.
-        const float shift = softmax_shift(mx) * LOG2E;
-        const float corr = exp2f(row_max * LOG2E - shift);
+        mx = fmax(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmax(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        mx = fmax(mx, __shfl_xor_sync(0xffffffff, mx, 4));
+        const double shift = mx == row_max_neg_inf() ? 0.0 : mx;
+        const float corr = exp2f((float)((row_max - shift) * (double)LOG2E));
         row_max = mx;
         float sum = 0.f;
 #pragma unroll
         for (int u = 0; u < BCG / 8; ++u) {
-            const float e = exp2f(fmaf(sc[u], LOG2E, -shift));
+            const float e = exp2f((float)((sc[u] - shift) * (double)LOG2E));
             sP[r * BCG + c8 + 8 * u] = e;
             sum += e;
         }
@@ -105,5 +109,5 @@ extern "C" __global__ void __launch_bounds__(GT) flash_fwd_general(const FlashPa
         const int col = c8 + 8 * c;
         if (col < p.head_dim_v) og[col] = from_f32(o[c] * inv);
     }
-    if (c8 == 0) p.lse[s.b * p.lse_batch + s.h * p.lse_head + s.q_row0 + i] = softmax_lse(row_max * LOG2E, l);
+    if (c8 == 0) p.lse[s.b * p.lse_batch + s.h * p.lse_head + s.q_row0 + i] = (l > 0.f ? (float)(row_max + log((double)l)) : NEG_INF);
 }
