@@ -3,15 +3,14 @@
 //! (and tested) apart from the kernels.
 //!
 //! Measured on an NVIDIA H100 80GB HBM3 (sm_90a), 2026-11-22, bf16, batch·N = 16384,
-//! heads·D = 2048, by `python3 kernels/harness.py bench` (every variant and shape is in
-//! kernels/README.md). TFLOP/s at N = 512 / 2048 / 16384:
-//! - D = 64, no mask: Br×Bc = 128×128, 4 warps, Q re-read from shared memory 278 / 316 / 334;
-//!   128×64, Q in registers 275 / 323 / 322 (PyTorch's FlashAttention-2 backend: 267 / 284 / 305).
-//!   Causal: 128×128 181 / 275 / 323, 128×64 180 / 272 / 302 (FA2: 155 / 253 / 303). 128×128
+//! heads·D = 2048, by `python3 kernels/harness.py bench` (kernel time only; every variant and
+//! shape is in kernels/README.md). TFLOP/s at N = 512 / 2048 / 16384, final kernels:
+//! - D = 64, no mask: Br×Bc = 128×128, 4 warps, Q re-read from shared memory 271 / 290 / 312;
+//!   128×64, Q in registers 270 / 315 / 308 (PyTorch's FlashAttention-2 backend: 267 / 285 / 301).
+//!   Causal: 128×128 174 / 266 / 301, 128×64 174 / 264 / 291 (FA2: 154 / 250 / 298). 128×128
 //!   spills with every score mod compiled in, so those variants take 128×64.
-//! - D = 128, no mask: 128×64 284 / 343 / 352, 128×32 292 / 327 / 353 (FA2 302 / 331 / 334);
-//!   causal: 128×64 199 / 302 / 333, 128×32 187 / 272 / 328 (FA2 183 / 279 / 313). So 128×32
-//!   only for unmasked calls of at most 1024 keys.
+//! - D = 128, no mask: 128×64 298 / 357 / 352, 128×32 284 / 330 / 347 (FA2 303 / 323 / 316);
+//!   causal: 128×64 194 / 292 / 315, 128×32 187 / 276 / 309 (FA2 184 / 273 / 308).
 //!
 //! Two 16-row slices per warp halve the shared-memory reads of K and V per tensor-core
 //! instruction; at one slice per warp (64×64 or 128×64 with 8 warps: 186 and 240 at D = 128,
@@ -88,15 +87,11 @@ fn round_up(x: usize, m: usize) -> usize {
     x.div_ceil(m) * m
 }
 
-/// What besides the head dims steers the tensor-core tile.
+/// What besides the head dims and the shared-memory limit steers the tensor-core tile.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub(crate) struct Hints {
     /// Softcap, ALiBi, bias or a non-positive scale is compiled in (more registers).
     pub score_mods: bool,
-    /// A window or causal mask.
-    pub mask: bool,
-    /// The longest key sequence.
-    pub max_nk: usize,
 }
 
 /// The tensor-core tile for padded head dims `dqk`, `dv` (multiples of 32, at most 256), within
@@ -119,11 +114,7 @@ pub(crate) fn mma_tile(dqk: usize, dv: usize, hints: Hints, max_shared: usize) -
             tile(128, 128, false, 1)
         }
     } else if d <= 128 {
-        if !hints.mask && hints.max_nk <= 1024 {
-            tile(128, 32, false, 2)
-        } else {
-            tile(128, 64, false, 1)
-        }
+        tile(128, 64, false, 1)
     } else {
         tile(64, 32, false, 1)
     };
@@ -139,22 +130,14 @@ pub(crate) fn mma_tile(dqk: usize, dv: usize, hints: Hints, max_shared: usize) -
 pub(crate) fn all_mma_tiles(dqk: usize, dv: usize) -> Vec<(MmaTile, Hints)> {
     let mut out: Vec<(MmaTile, Hints)> = Vec::new();
     for score_mods in [false, true] {
-        for mask in [false, true] {
-            for max_nk in [1024, 1025] {
-                for max_shared in [227 * 1024, 99 * 1024] {
-                    let h = Hints {
-                        score_mods,
-                        mask,
-                        max_nk,
-                    };
-                    let t = mma_tile(dqk, dv, h, max_shared);
-                    if !out
-                        .iter()
-                        .any(|(u, g)| *u == t && g.score_mods == score_mods)
-                    {
-                        out.push((t, h));
-                    }
-                }
+        for max_shared in [227 * 1024, 99 * 1024] {
+            let h = Hints { score_mods };
+            let t = mma_tile(dqk, dv, h, max_shared);
+            if !out
+                .iter()
+                .any(|(u, g)| *u == t && g.score_mods == score_mods)
+            {
+                out.push((t, h));
             }
         }
     }
@@ -195,8 +178,6 @@ pub(crate) fn choose(p: &Problem, align: &Alignment, max_shared: usize) -> Path 
                 || p.alibi.is_some()
                 || p.bias.is_some()
                 || p.scale <= 0.0,
-            mask: !p.window.is_full(),
-            max_nk: p.max_nk,
         };
         let tile = mma_tile(
             round_up(p.head_dim, 32),
