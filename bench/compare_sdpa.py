@@ -2,10 +2,13 @@
 """flashattn's GPU forward next to PyTorch's scaled_dot_product_attention, in one run on one GPU.
 
 Runs the Rust driver (examples/cuda_bench.rs, built with `cargo build --release --example
-cuda_bench`) for flashattn's times, then times torch SDPA with the FlashAttention-2 backend
+cuda_bench`) for flashattn's times and torch SDPA with the FlashAttention-2 backend
 (SDPBackend.FLASH_ATTENTION) and the cuDNN backend (SDPBackend.CUDNN_ATTENTION) on the same shapes
-and dtype. Every time is the median of CUDA-event samples after a warm-up; inputs are fresh random
-values (torch.randn), never zeros. TFLOP/s = 4·B·H·N²·D / time (causal: half the FLOPs).
+and dtype. The methods are interleaved shape by shape and the sweep is repeated (--rounds, the
+order of flashattn and torch swapped every round), so a GPU whose clock drifts or that slows down
+for a while slows every method alike. Every time is the median of all CUDA-event samples of all
+rounds, each round after a warm-up; inputs are fresh random values (torch.randn), never zeros.
+TFLOP/s = 4·B·H·N²·D / time (causal: half the FLOPs).
 
     python3 bench/compare_sdpa.py --bin target/release/examples/cuda_bench --json out.json
 
@@ -33,7 +36,8 @@ def parse_args():
     p.add_argument("--tokens", type=int, default=16384, help="batch · seqlen")
     p.add_argument("--model-dim", type=int, default=2048, help="heads · head_dim")
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--samples", type=int, default=20)
+    p.add_argument("--samples", type=int, default=20, help="timed calls per method, shape and round")
+    p.add_argument("--rounds", type=int, default=3, help="repetitions of the interleaved sweep")
     p.add_argument("--standard", action="store_true",
                    help="also time flashattn's GPU standard (materializing) attention")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch peers")
@@ -41,17 +45,18 @@ def parse_args():
     return p.parse_args()
 
 
-def run_flashattn(args):
+def run_flashattn(args, seqlens, head_dims, causal, standard, quiet=False):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "fa.json")
-        cmd = [args.bin, "--seqlens", args.seqlens, "--head-dims", args.head_dims,
-               "--causal", args.causal, "--dtype", args.dtype, "--tokens", str(args.tokens),
+        cmd = [args.bin, "--seqlens", seqlens, "--head-dims", head_dims,
+               "--causal", causal, "--dtype", args.dtype, "--tokens", str(args.tokens),
                "--model-dim", str(args.model_dim), "--warmup", str(args.warmup),
                "--samples", str(args.samples), "--json", out]
-        if args.standard:
+        if standard:
             cmd.append("--standard")
-        print("$", " ".join(cmd), flush=True)
-        r = subprocess.run(cmd)
+        if not quiet:
+            print("$", " ".join(cmd), flush=True)
+        r = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else None)
         if r.returncode != 0 or not os.path.exists(out):
             sys.exit(f"cuda_bench failed with status {r.returncode}")
         with open(out) as f:
@@ -75,17 +80,14 @@ def time_torch(fn, warmup, samples):
     return times
 
 
-def run_torch(args, shapes):
+def run_torch(args, shapes, gen):
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
     backends = {"torch-fa2": SDPBackend.FLASH_ATTENTION, "torch-cudnn": SDPBackend.CUDNN_ATTENTION}
-    print(f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
-          f"{torch.cuda.get_device_name()}", flush=True)
     rows = []
-    gen = torch.Generator(device="cuda").manual_seed(2026)
     for (b, n, h, d, causal) in shapes:
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen)
                    for _ in range(3))
@@ -109,14 +111,55 @@ def run_torch(args, shapes):
     return rows
 
 
+def shape_of(r):
+    return (r["batch"], r["seqlen_q"], r["heads"], r["head_dim"], r["causal"])
+
+
+def merge_rounds(rows):
+    """One row per (method, shape): every round's samples, their median as the time."""
+    merged = {}
+    for r in rows:
+        key = (r["method"], shape_of(r))
+        if key not in merged:
+            merged[key] = dict(r, samples_ms=list(r["samples_ms"]), rounds=1)
+        else:
+            m = merged[key]
+            m["samples_ms"] += r["samples_ms"]
+            m["rounds"] += 1
+            m["error"] = m["error"] or r.get("error")
+    for m in merged.values():
+        m["time_ms"] = statistics.median(m["samples_ms"]) if m["samples_ms"] and not m["error"] \
+            else None
+    return list(merged.values())
+
+
 def main():
     args = parse_args()
-    fa = run_flashattn(args)
+    # The whole sweep once first: compiles (or loads) every variant, times the standard attention.
+    fa = run_flashattn(args, args.seqlens, args.head_dims, args.causal, args.standard)
     rows = list(fa["results"])
-    shapes = sorted({(r["batch"], r["seqlen_q"], r["heads"], r["head_dim"], r["causal"])
-                     for r in rows}, key=lambda s: (s[3], s[4], s[1]))
+    shapes = sorted({shape_of(r) for r in rows}, key=lambda s: (s[3], s[4], s[1]))
     if not args.no_torch:
-        rows += run_torch(args, shapes)
+        # Its flashattn times are replaced by the interleaved rounds' (the standard's are kept).
+        rows = [r for r in rows if r["method"] != "flashattn"]
+        import torch
+        print(f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
+              f"{torch.cuda.get_device_name()}", flush=True)
+        gen = torch.Generator(device="cuda").manual_seed(2026)
+        for rnd in range(args.rounds):
+            print(f"round {rnd + 1} of {args.rounds}", flush=True)
+            for s in shapes:
+                b, n, h, d, causal = s
+                fa_rows = lambda: [r for r in run_flashattn(
+                    args, str(n), str(d), str(causal).lower(), False, quiet=True)["results"]
+                    if r["method"] == "flashattn"]
+                if rnd % 2 == 0:
+                    rows += run_torch(args, [s], gen)
+                    rows += fa_rows()
+                else:
+                    rows += fa_rows()
+                    rows += run_torch(args, [s], gen)
+    rows = merge_rounds(rows)
     for r in rows:
         flops = 4.0 * r["batch"] * r["heads"] * r["seqlen_q"] * r["seqlen_k"] * r["head_dim"]
         if r["causal"]:
@@ -137,8 +180,10 @@ def main():
     ratio = lambda a, b: f"{a / b:7.2f}x" if a and b else f"{'-':>8}"
     print()
     print(f"device: {fa['device']}")
+    rounds = 1 if args.no_torch else args.rounds
     print(f"{args.dtype}, batch·N = {args.tokens}, heads·D = {args.model_dim}; TFLOP/s (median of "
-          f"{args.samples} after {args.warmup} warm-up), FLOPs = 4·B·H·N²·D (causal /2)")
+          f"{rounds}×{args.samples} samples, interleaved rounds of {args.warmup} warm-up + "
+          f"{args.samples}), FLOPs = 4·B·H·N²·D (causal /2)")
     head = f"{'D':>4} {'causal':>6} {'N':>6} {'B':>3} {'H':>3} |" + \
         "".join(f" {m:>11}" for m in methods)
     if not args.no_torch:

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One device run, on the GPU machine, from a folder staged by bench/stage.sh: the GPU tests, the
-# sanitizers on a small run of every kernel variant, and the benchmark against PyTorch SDPA.
+# sanitizers on a small run of every kernel variant, the flashattn command's GPU path (check, and
+# bench with first-use compile and cached load times), and the benchmark against PyTorch SDPA.
 # Logs and JSON go to $OUT (the device tool brings them back); a summary is printed last.
 #
-#   bash .device-NAME/bench/device_run.sh [tests] [sanitize] [bench] [bench-quick]   (default: all three)
+#   bash .device-NAME/bench/device_run.sh [tests] [cli] [sanitize] [bench] [bench-quick]
+#   (default: tests cli sanitize bench)
 # On the H100: tests ~40 s, bench ~25 s, sanitize 5-7 min (memcheck + racecheck; TOOLS=racecheck
 # runs one), so give sanitize a call of its own within the 10-minute limit.
 set -uo pipefail
@@ -13,7 +15,7 @@ mkdir -p "$OUT"
 export FLASHATTN_CACHE_DIR=${FLASHATTN_CACHE_DIR:-/tmp/flashattn-cache}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
-steps=("$@"); [[ ${#steps[@]} -eq 0 ]] && steps=(tests sanitize bench)
+steps=("$@"); [[ ${#steps[@]} -eq 0 ]] && steps=(tests cli sanitize bench)
 summary=()
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt"
 for step in "${steps[@]}"; do
@@ -27,14 +29,29 @@ for step in "${steps[@]}"; do
             summary+=("test $n: rc=$rc $(grep -E '^test result' "$OUT/test-$n.log" | tail -1) ($((SECONDS - t0)) s)")
             grep -E '^test .*FAILED|panicked' "$OUT/test-$n.log" | head -20
         done ;;
+    cli)
+        fa="$here/bin/flashattn"
+        "$fa" check --device cuda > "$OUT/cli-check.log" 2>&1
+        summary+=("cli check: rc=$? $(grep -c '^\[PASS\]' "$OUT/cli-check.log") PASS, $(grep -c '^\[FAIL\]' "$OUT/cli-check.log") FAIL")
+        for dt in bf16 f16 f32; do
+            "$fa" bench --device cuda --dtype "$dt" --seqlens 1024,4096,16384 --head-dims 64,128 \
+                --json "$OUT/cli-bench-$dt.json" > "$OUT/cli-bench-$dt.log" 2>&1
+            summary+=("cli bench $dt: rc=$?")
+        done
+        summary+=("cli: ($((SECONDS - t0)) s)") ;;
     sanitize)
         bash "$here/bench/sanitize.sh" "$here/bin/cuda_smoke"
         summary+=("sanitize: rc=$? ($((SECONDS - t0)) s)") ;;
     bench|bench-quick)
-        extra=(); [[ $step == bench-quick ]] && extra=(--seqlens 1024,8192 --samples 5)
+        extra=(); [[ $step == bench-quick ]] && extra=(--seqlens 1024,8192 --samples 5 --rounds 1)
+        # SM clock, power and throttle reasons every 200 ms: shows when the GPU itself slowed down.
+        nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active \
+            --format=csv -lms 200 > "$OUT/clocks.csv" 2>&1 &
+        smi=$!
         python3 "$here/bench/compare_sdpa.py" --bin "$here/bin/cuda_bench" --standard \
             --json "$OUT/compare_sdpa.json" "${extra[@]}" 2>&1 | tee "$OUT/bench.log"
-        summary+=("bench: rc=${PIPESTATUS[0]} ($((SECONDS - t0)) s)") ;;
+        summary+=("bench: rc=${PIPESTATUS[0]} ($((SECONDS - t0)) s)")
+        kill $smi 2>/dev/null ;;
     *) echo "unknown step $step" >&2 ;;
     esac
 done

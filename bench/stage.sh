@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds here (no GPU needed) everything a device run needs and stages it in one folder that the
-# device tool can carry: the GPU test executables, the cuda_bench and cuda_smoke examples, and the
-# scripts of bench/. The device machine has no Rust; this machine's x86-64 builds run there.
+# device tool can carry: the GPU test executables, the flashattn command, the cuda_bench and
+# cuda_smoke examples, and the scripts of bench/. The device machine has no Rust; this machine's x86-64 builds run there.
 #
 #   bench/stage.sh [DEST]     # DEST defaults to <main checkout>/.device-<branch>
 #   then:  run(command="bash .device-<branch>/bench/device_run.sh", carry=[".device-<branch>"])
@@ -17,8 +17,8 @@ if [[ "$(dirname "$dest")" == "$main_root" ]] && ! grep -qxF "$name" "$exclude" 
 fi
 rm -rf "$dest"
 mkdir -p "$dest/bin" "$dest/tests" "$dest/bench"
-cargo build --release --example cuda_bench --example cuda_smoke
-cp target/release/examples/cuda_bench target/release/examples/cuda_smoke "$dest/bin/"
+cargo build --release --bin flashattn --example cuda_bench --example cuda_smoke
+cp target/release/flashattn target/release/examples/cuda_bench target/release/examples/cuda_smoke "$dest/bin/"
 cargo test --release --no-run --test cuda_forward --test cuda_compile --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys

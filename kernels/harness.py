@@ -4,7 +4,7 @@ so kernel variants can be tried on the device before the Rust side runs them.
 
     python3 kernels/harness.py compile [--arch sm_90a]        # every listed variant compiles
     python3 kernels/harness.py check                           # correctness of each variant (GPU)
-    python3 kernels/harness.py bench [--variants a,b]          # TFLOP/s, bf16, the issue's shapes
+    python3 kernels/harness.py bench [--variants a,b] [--dims 64,128]   # TFLOP/s, bf16, the issue's shapes
 """
 import argparse, ctypes, math, os, sys, time
 
@@ -60,6 +60,10 @@ VARIANTS = {
     "d128_128x64_w4_exact": mma_defines(128, 128, 128, 64, 4, 0, 1, 0),
     "d128_128x32_w4": mma_defines(128, 128, 128, 32, 4, 0, 2),
     "d128_128x32_w4_exact": mma_defines(128, 128, 128, 32, 4, 0, 2, 0),
+    "d256_64x32_w4": mma_defines(256, 256, 64, 32, 4, 0, 1),
+    "d256_64x64_w4": mma_defines(256, 256, 64, 64, 4, 0, 1),
+    "d256_128x32_w8": mma_defines(256, 256, 128, 32, 8, 0, 1),
+    "d256_128x64_w8": mma_defines(256, 256, 128, 64, 8, 0, 1),
 }
 
 GENERAL = {
@@ -86,6 +90,7 @@ if __name__ == "__main__":
     ap.add_argument("cmd")
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--variants", default="")
+    ap.add_argument("--dims", default="64,128", help="head dims for bench")
     args = ap.parse_args()
     if args.cmd == "compile":
         cmd_compile(args)

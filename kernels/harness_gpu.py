@@ -222,6 +222,6 @@ def main(args):
     if args.cmd == "check":
         sys.exit(1 if cmd_check(names) else 0)
     elif args.cmd == "bench":
-        cmd_bench(names, [512, 1024, 2048, 4096, 8192, 16384], [64, 128])
+        cmd_bench(names, [512, 1024, 2048, 4096, 8192, 16384], [int(d) for d in args.dims.split(",")])
     elif args.cmd == "prof":
         cmd_prof(names, 4096, 128, False)

@@ -272,7 +272,8 @@ pub(crate) fn function(gpu: &Gpu, src: &KernelSource) -> Result<CudaFunction> {
     Ok(f)
 }
 
-/// Compiles (or reads from disk when `use_disk`) and loads, timing both steps.
+/// Compiles and loads, timing both steps. With `use_disk` the cubin is read from the disk cache
+/// when there and written to it after a compile; without, the disk cache is left alone.
 fn load_uncached(
     gpu: &Gpu,
     src: &KernelSource,
@@ -291,7 +292,7 @@ fn load_uncached(
         None => {
             let bin = nvrtc_compile(src, &gpu.arch, Output::Cubin)?;
             let ms = t0.elapsed().as_secs_f64() * 1e3;
-            if let Some(p) = &path {
+            if let Some(p) = path.as_ref().filter(|_| use_disk) {
                 // The disk cache only saves time: a folder that cannot be written is skipped.
                 let _ = write_atomically(p, &bin);
             }
@@ -317,8 +318,10 @@ fn load_uncached(
 }
 
 /// Measures both costs of `src` on GPU `ordinal` regardless of the caches: a fresh NVRTC compile
-/// (which also refreshes the disk cache) and then a load from the disk cache (with the disk cache
-/// off, a second fresh compile). Returns the record of the compile (its `load_ms` is the module
+/// and then a load from the disk cache (with the disk cache off, or before `src` was first used,
+/// a compile that fills it). NVRTC 12.9 and newer keep a cache of their own, so the fresh compile
+/// gets the source with a uniquely named typedef appended (a comment is not enough: it is gone
+/// after preprocessing); that compile is not written to the disk cache. Returns the record of the compile (its `load_ms` is the module
 /// load after it) and the record of the cached load; both are also appended to
 /// [`compile_records`].
 pub fn measure_compile(
@@ -327,9 +330,21 @@ pub fn measure_compile(
 ) -> Result<(CompileRecord, CompileRecord)> {
     let gpu = super::device::gpu(ordinal)?;
     let gpu = &*gpu;
-    let key = key_for(src, &gpu.arch)?;
-    let (_, fresh) = load_uncached(gpu, src, key, false)?;
-    let (_, cached) = load_uncached(gpu, src, key, true)?;
+    static NONCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nonce = NONCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let unique = KernelSource {
+        code: format!(
+            "{}\nextern \"C\" __global__ void flashattn_fresh_compile_{stamp}_{}_{nonce}() {{}}\n",
+            src.code,
+            std::process::id()
+        ),
+        ..src.clone()
+    };
+    let (_, fresh) = load_uncached(gpu, &unique, key_for(&unique, &gpu.arch)?, false)?;
+    let (_, cached) = load_uncached(gpu, src, key_for(src, &gpu.arch)?, true)?;
     let mut r = records().lock().unwrap_or_else(|p| p.into_inner());
     r.push(fresh.clone());
     r.push(cached.clone());

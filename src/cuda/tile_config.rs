@@ -12,6 +12,13 @@
 //! - D = 128, no mask: 128×64 298 / 357 / 352, 128×32 284 / 330 / 347 (FA2 303 / 323 / 316);
 //!   causal: 128×64 194 / 292 / 315, 128×32 187 / 276 / 309 (FA2 184 / 273 / 308).
 //!
+//! - D = 256 (2026-11-23, `harness.py bench --dims 256`, H = 8), one 16-row slice per warp (two
+//!   would not fit the O accumulator in registers): no mask 128×64 with 8 warps 232 / 283 / 297,
+//!   64×32 with 4 warps 229 / 279 / 271, 128×32 w8 204 / 243 / 264, 64×64 w4 192 / 219 / 237
+//!   (FA2 287 / 324 / 302); causal 128×64 w8 153 / 226 / 304, 64×32 w4 160 / 233 / 277 (FA2
+//!   205 / 270 / 292). 128×64 w8 spills a little with every score mod compiled in; those variants
+//!   and parts with less than its 198 KiB of shared memory (A100: 163 KiB) take 64×32 w4.
+//!
 //! Two 16-row slices per warp halve the shared-memory reads of K and V per tensor-core
 //! instruction; at one slice per warp (64×64 or 128×64 with 8 warps: 186 and 240 at D = 128,
 //! N = 2048, measured before the grid order was fixed, against 264 for 128×64 with 4 warps) the
@@ -115,8 +122,13 @@ pub(crate) fn mma_tile(dqk: usize, dv: usize, hints: Hints, max_shared: usize) -
         }
     } else if d <= 128 {
         tile(128, 64, false, 1)
-    } else {
+    } else if hints.score_mods {
         tile(64, 32, false, 1)
+    } else {
+        MmaTile {
+            warps: 8,
+            ..tile(128, 64, false, 1)
+        }
     };
     if preferred.shared_bytes() <= max_shared {
         return preferred;
