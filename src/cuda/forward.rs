@@ -12,7 +12,7 @@ use super::compile::{KernelSource, function};
 use super::device::{Gpu, gpu};
 use super::params::{FlashParams, Pointers};
 use super::storage::CudaStorage;
-use super::tile_config::{Alignment, GENERAL_ROWS, GENERAL_THREADS, Path, choose};
+use super::tile_config::{Alignment, GENERAL_THREADS, Path, choose};
 use crate::attention::ForwardOutput;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -118,12 +118,20 @@ pub(crate) fn kernel_source(path: &Path, dtype: DType, opts: Options) -> KernelS
         }
         Path::General(t) => {
             code += &format!(
-                "#define DQK_MAX {}\n#define DV_MAX {}\n#define BCG {}\n",
-                t.dqk, t.dv, t.bc
+                "#define DQK_MAX {}\n#define DV_MAX {}\n#define BCG {}\n#define GRPT {}\n\
+                 #define GK_F64 {}\n",
+                t.dqk, t.dv, t.bc, t.rows_per_group, t.k_f64 as u8
             );
             code += &[COMMON, FWD_GENERAL].join("\n");
             (
-                format!("fwd_general_{tname}_d{}x{}_bc{}", t.dqk, t.dv, t.bc),
+                format!(
+                    "fwd_general_{tname}_d{}x{}_bc{}r{}{}",
+                    t.dqk,
+                    t.dv,
+                    t.bc,
+                    t.rows(),
+                    if t.k_f64 { "k64" } else { "" }
+                ),
                 "flash_fwd_general",
             )
         }
@@ -313,7 +321,7 @@ pub(crate) fn forward(
     let path = choose(p, &align, g.max_shared_per_block);
     let (rows, threads, shared) = match &path {
         Path::Mma(t) => (t.br, t.threads(), t.shared_bytes()),
-        Path::General(t) => (GENERAL_ROWS, GENERAL_THREADS, t.shared_bytes()),
+        Path::General(t) => (t.rows(), GENERAL_THREADS, t.shared_bytes()),
     };
     let blocks = p.max_nq.div_ceil(rows);
     for (what, n) in [("query heads", p.heads_q), ("batch", p.batch)] {

