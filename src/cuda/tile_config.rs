@@ -167,7 +167,8 @@ pub(crate) fn all_mma_tiles(dqk: usize, dv: usize) -> Vec<(MmaTile, Hints)> {
 /// Measured on the H100 (2026-11-23, f32, B=1, H=8, N=4096, `flashattn bench --device cuda`):
 /// 16 rows per block with K in f32 ran 5.9 / 5.0 TFLOP/s at D = 64 / 128, bounded by the f32 to
 /// f64 conversion of both operands of every f64 FMA (a quarter-rate instruction); 64 rows per
-/// block (each K and V value feeds 4 rows) with K staged as f64 runs 16.3 / 13.7. Head dims over
+/// block (each K and V value feeds 4 rows) with K staged as f64 runs 16.3 / 13.7 (64-key blocks
+/// at D = 64, 8 keys per lane: 14.8, no gain; at N = 16384 16.0 against 17.5). Head dims over
 /// 128 keep 16 rows and f32 K, within the 99 KiB of shared memory of sm_86/89 parts.
 pub(crate) fn general_tile(dqk: usize, dv: usize) -> GeneralTile {
     let (dqk, dv) = (round_up(dqk, 32), round_up(dv, 32));
