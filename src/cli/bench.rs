@@ -165,7 +165,9 @@ fn run_standard(
             Ok(StandardOutcome::Skipped(format!("failed on the GPU: {e}")))
         }
         (Device::Cuda(_), Ok(mut m)) => {
-            m.extra = Extra::Planned(need);
+            if m.extra == Extra::Unknown {
+                m.extra = Extra::Planned(need);
+            }
             Ok(StandardOutcome::Ran(m))
         }
     }
@@ -265,7 +267,7 @@ fn rate(m: &Measurement, device: Device) -> String {
 /// An extra-memory cell: measured bytes, planned bytes marked `*`, or `n/a`.
 fn extra_cell(e: Extra) -> String {
     match e {
-        Extra::Measured(b) => human(b),
+        Extra::Measured(b) | Extra::Device(b) => human(b),
         Extra::Planned(b) => format!("{}*", human(b)),
         Extra::Unknown => "n/a".into(),
     }
@@ -307,7 +309,7 @@ fn render(rows: &[Row], a: &BenchArgs) -> String {
                 extra_cell(s.extra),
                 format!("{:.2}x", s.time_ms / r.flash.time_ms),
                 match (s.extra.bytes(), r.flash.extra.bytes()) {
-                    (Some(a), Some(b)) => format!("{:.0}x", a as f64 / b.max(1) as f64),
+                    (Some(a), Some(b)) if b > 0 => format!("{:.0}x", a as f64 / b as f64),
                     _ => "-".into(),
                 },
             ]),
@@ -328,8 +330,12 @@ fn render(rows: &[Row], a: &BenchArgs) -> String {
         }
         t.push(cells);
     }
+    let heap = match a.device {
+        Device::Cpu => "peak heap",
+        Device::Cuda(_) => "peak device memory (the GPU's memory pool)",
+    };
     let mut out = format!(
-        "flashattn bench on {}: fastest of {} runs; extra = peak heap beyond inputs and outputs; \
+        "flashattn bench on {}: fastest of {} runs; extra = {heap} beyond inputs and outputs; \
          speedup = standard time / flashattn time; memory = standard extra / flashattn extra\n",
         a.device, a.repeats
     );
@@ -337,8 +343,12 @@ fn render(rows: &[Row], a: &BenchArgs) -> String {
     if rows.iter().any(
         |r| matches!(r.standard, StandardOutcome::Ran(m) if matches!(m.extra, Extra::Planned(_))),
     ) {
-        out += "*: device memory the standard attention allocates by design (not measured); \
-                flashattn's device memory is not measured (n/a)\n";
+        out += "*: device memory the standard attention allocates by design (this GPU has no \
+                memory pool to measure it); flashattn's is not measured (n/a)\n";
+    }
+    if rows.iter().any(|r| r.flash.extra.bytes() == Some(0)) {
+        out += "memory -: flashattn allocated nothing beyond its inputs and outputs (the ratio has \
+                no finite value)\n";
     }
     for n in notes {
         out += &format!("note: {n}\n");

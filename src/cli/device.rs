@@ -42,6 +42,45 @@ fn cuda_available(device: Device, _ordinal: usize) -> CliResult<()> {
     )))
 }
 
+/// Device memory of one call on a GPU, from its memory pool: started before the call, read after
+/// its results were waited for while they are still held.
+pub struct MemoryProbe {
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    ordinal: usize,
+}
+
+impl MemoryProbe {
+    /// Waits for queued work (so freed memory is back in the pool) and starts a new peak; `None`
+    /// when the GPU's memory cannot be measured.
+    pub fn start(ordinal: usize) -> Option<Self> {
+        #[cfg(feature = "cuda")]
+        {
+            flashattn::cuda::synchronize(ordinal).ok()?;
+            flashattn::cuda::reset_memory_peak(ordinal).ok()?;
+            Some(MemoryProbe { ordinal })
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = ordinal;
+            None
+        }
+    }
+
+    /// The peak in use since [`MemoryProbe::start`] beyond what is in use now (the results).
+    pub fn extra_while_results_held(self) -> Option<u64> {
+        #[cfg(feature = "cuda")]
+        {
+            flashattn::cuda::synchronize(self.ordinal).ok()?;
+            let m = flashattn::cuda::memory_use(self.ordinal).ok()?;
+            Some(m.peak.saturating_sub(m.current))
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            None
+        }
+    }
+}
+
 /// A tensor moved to `device` (the tensor itself when it is there already).
 pub fn to_device(t: &Tensor, device: Device) -> CliResult<Tensor> {
     Ok(t.to_device(device)?)

@@ -31,8 +31,9 @@ struct Record {
     gflops: Option<f64>,
     /// Memory beyond inputs and outputs; `null` when skipped or not measured.
     extra_memory_bytes: Option<u64>,
-    /// How `extra_memory_bytes` was obtained (`measured host heap peak` on the CPU, `planned
-    /// device allocation` for the GPU baseline), `null` when unknown.
+    /// How `extra_memory_bytes` was obtained (`measured host heap peak` on the CPU, `measured
+    /// device memory pool peak` on a GPU, `planned device allocation` for the GPU baseline where
+    /// the pool cannot be read), `null` when unknown.
     extra_memory_source: Option<&'static str>,
     /// Why the method did not run, when it did not.
     skipped: Option<String>,

@@ -5,8 +5,9 @@
 //! * GPU: kernels run asynchronously, so a run is over only when its results can be read: after
 //!   an untimed run (compiling the kernels) and one synchronized run to size the batches, each of
 //!   `repeats` batches queues enough back-to-back calls for about 50 ms and waits for the last
-//!   one's (small) log-sum-exp to come back; the fastest batch's time per call is kept. Device
-//!   memory is not measured (the host heap says nothing about it).
+//!   one's (small) log-sum-exp to come back; the fastest batch's time per call is kept. The
+//!   sizing run also measures device memory: the peak in use in the GPU's memory pool (which
+//!   serves every flashattn allocation) beyond what its results still hold.
 
 use std::time::Instant;
 
@@ -24,9 +25,11 @@ const GPU_MAX_BATCH: usize = 200;
 pub enum Extra {
     /// Peak of host heap bytes during the call beyond its results (the counting allocator).
     Measured(u64),
+    /// Peak of device memory in use in the GPU's memory pool during the call beyond its results.
+    Device(u64),
     /// What the method allocates on the device by design (its own formula), not measured.
     Planned(u64),
-    /// Nothing known (device memory of a GPU method).
+    /// Nothing known (a GPU without a memory pool).
     Unknown,
 }
 
@@ -34,7 +37,7 @@ impl Extra {
     /// The bytes, when known.
     pub fn bytes(self) -> Option<u64> {
         match self {
-            Extra::Measured(b) | Extra::Planned(b) => Some(b),
+            Extra::Measured(b) | Extra::Device(b) | Extra::Planned(b) => Some(b),
             Extra::Unknown => None,
         }
     }
@@ -43,6 +46,7 @@ impl Extra {
     pub fn source(self) -> Option<&'static str> {
         match self {
             Extra::Measured(_) => Some("measured host heap peak"),
+            Extra::Device(_) => Some("measured device memory pool peak"),
             Extra::Planned(_) => Some("planned device allocation"),
             Extra::Unknown => None,
         }
@@ -75,7 +79,7 @@ pub fn measure(
 ) -> CliResult<Measurement> {
     let (secs, extra) = match dev {
         Device::Cpu => cpu(repeats, call)?,
-        Device::Cuda(_) => (gpu(repeats, call)?, Extra::Unknown),
+        Device::Cuda(ordinal) => gpu(ordinal, repeats, call)?,
     };
     Ok(Measurement {
         time_ms: secs * 1e3,
@@ -106,11 +110,21 @@ fn wait(outs: &[Tensor]) -> CliResult<()> {
     Ok(())
 }
 
-fn gpu(repeats: u32, mut call: impl FnMut() -> CliResult<Vec<Tensor>>) -> CliResult<f64> {
+fn gpu(
+    ordinal: usize,
+    repeats: u32,
+    mut call: impl FnMut() -> CliResult<Vec<Tensor>>,
+) -> CliResult<(f64, Extra)> {
     wait(&call()?)?;
+    let probe = device::MemoryProbe::start(ordinal);
     let start = Instant::now();
-    wait(&call()?)?;
+    let outs = call()?;
+    wait(&outs)?;
     let one = start.elapsed().as_secs_f64().max(1e-6);
+    let extra = probe
+        .and_then(|p| p.extra_while_results_held())
+        .map_or(Extra::Unknown, Extra::Device);
+    drop(outs);
     let batch = ((GPU_BATCH_SECONDS / one) as usize).clamp(1, GPU_MAX_BATCH);
     let mut best = f64::INFINITY;
     for _ in 0..repeats {
@@ -122,7 +136,7 @@ fn gpu(repeats: u32, mut call: impl FnMut() -> CliResult<Vec<Tensor>>) -> CliRes
         wait(&last)?;
         best = best.min(start.elapsed().as_secs_f64() / batch as f64);
     }
-    Ok(best)
+    Ok((best, extra))
 }
 
 /// A warning when other processes keep the CPUs busy (the 1-minute load average of

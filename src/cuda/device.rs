@@ -148,6 +148,75 @@ fn keep_freed_memory(ctx: &CudaContext) {
     };
 }
 
+/// Device memory in the default memory pool of a GPU, which serves every flashattn allocation
+/// (cudarc allocates stream-ordered from it): what is in use now, and the most in use since the
+/// last [`reset_memory_peak`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryUse {
+    /// Bytes in use now.
+    pub current: u64,
+    /// Most bytes in use since the last reset.
+    pub peak: u64,
+}
+
+fn default_pool(ordinal: usize) -> Result<cudarc::driver::sys::CUmemoryPool> {
+    use cudarc::driver::sys;
+    let g = gpu(ordinal)?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `pool` is valid for writes; the device handle comes from a live context.
+    let got = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, g.ctx.cu_device()) };
+    if got != sys::CUresult::CUDA_SUCCESS || pool.is_null() || !g.stream.context().has_async_alloc()
+    {
+        return Err(Error::Cuda(format!(
+            "cuda:{ordinal} has no stream-ordered memory pool ({got:?}): device memory cannot be \
+             measured"
+        )));
+    }
+    Ok(pool)
+}
+
+fn pool_attribute(
+    pool: cudarc::driver::sys::CUmemoryPool,
+    attr: cudarc::driver::sys::CUmemPool_attribute,
+) -> Result<u64> {
+    let mut value: u64 = 0;
+    // SAFETY: the used-memory attributes write a u64 through the pointer, valid for the call.
+    unsafe {
+        cudarc::driver::sys::cuMemPoolGetAttribute(pool, attr, (&mut value as *mut u64).cast())
+    }
+    .result()
+    .map_err(|e| driver_error("cuMemPoolGetAttribute", e))?;
+    Ok(value)
+}
+
+/// The device memory flashattn's allocations on GPU `ordinal` hold (see [`MemoryUse`]).
+/// Memory that libraries allocate outside the pool (cuBLAS's workspace) is not included.
+pub fn memory_use(ordinal: usize) -> Result<MemoryUse> {
+    use cudarc::driver::sys::CUmemPool_attribute::*;
+    let pool = default_pool(ordinal)?;
+    Ok(MemoryUse {
+        current: pool_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+        peak: pool_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+    })
+}
+
+/// Starts a new peak for [`memory_use`] at what is in use now.
+pub fn reset_memory_peak(ordinal: usize) -> Result<()> {
+    use cudarc::driver::sys;
+    let pool = default_pool(ordinal)?;
+    let mut zero: u64 = 0;
+    // SAFETY: the high-watermark attribute takes a pointer to a u64 (only 0 is allowed: a reset).
+    unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+            (&mut zero as *mut u64).cast(),
+        )
+    }
+    .result()
+    .map_err(|e| driver_error("cuMemPoolSetAttribute", e))
+}
+
 impl Gpu {
     /// Waits for all work queued on the stream; a failed kernel shows up here.
     pub(crate) fn synchronize(&self) -> Result<()> {

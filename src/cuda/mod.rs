@@ -19,7 +19,7 @@ pub use compile::{
     CompileRecord, KernelSource, cache_dir, compile_ptx, compile_records, measure_compile,
     nvrtc_version,
 };
-pub use device::device_count;
+pub use device::{MemoryUse, device_count, memory_use, reset_memory_peak};
 
 /// Every kernel variant flashattn can launch (the forward kernels and the standard attention's),
 /// so that a test can compile them all with NVRTC.

@@ -5,6 +5,7 @@
 pub mod grid;
 mod measure;
 
+#[allow(unused_imports)] // not every test binary uses the error measures
 pub use measure::*;
 
 use flashattn::{AttentionParams, DType, Tensor, Window};
