@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use flashattn::Device;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
@@ -54,11 +55,12 @@ struct Series {
     label: String,
     color: RGBColor,
     dashed: bool,
-    /// (seqlen, GFLOP/s, extra MiB or NaN when not known).
+    /// (seqlen, rate in the chart's unit, extra MiB or NaN when not known).
     points: Vec<(f64, f64, f64)>,
 }
 
-fn series(rows: &[Row]) -> Vec<Series> {
+/// The series of `rows`, rates in GFLOP/s divided by `gflops_per_unit`.
+fn series(rows: &[Row], gflops_per_unit: f64) -> Vec<Series> {
     let mut groups: Vec<(String, Vec<&Row>)> = Vec::new();
     for r in rows {
         let c = &r.config;
@@ -77,7 +79,7 @@ fn series(rows: &[Row]) -> Vec<Series> {
     let point = |r: &Row, m: &Measurement| {
         (
             r.config.nq as f64,
-            m.gflops,
+            m.gflops / gflops_per_unit,
             m.extra
                 .bytes()
                 .map_or(f64::NAN, |b| (b as f64 / MIB).max(MEMORY_FLOOR_MIB)),
@@ -240,8 +242,28 @@ where
         .iter()
         .map(|(n, why)| format!("N={n} ({why})"))
         .collect();
+    let mut notes = Vec::new();
     if !skipped.is_empty() {
-        let note = format!("standard attention skipped at {}", skipped.join("; "));
+        notes.push(format!(
+            "standard attention skipped at {}",
+            skipped.join("; ")
+        ));
+    }
+    let floored = rows.iter().any(|r| {
+        let small = |m: &Measurement| {
+            m.extra
+                .bytes()
+                .is_some_and(|b| (b as f64) < MEMORY_FLOOR_MIB * MIB)
+        };
+        small(&r.flash) || matches!(&r.standard, StandardOutcome::Ran(m) if small(m))
+    });
+    if floored {
+        notes.push(format!(
+            "extra memory below {MEMORY_FLOOR_MIB} MiB (0 B included) is drawn at {MEMORY_FLOOR_MIB} MiB"
+        ));
+    }
+    if !notes.is_empty() {
+        let note = notes.join(" | ");
         bottom.draw_text(
             &note,
             &("sans-serif", 15).into_font().color(&BLACK),
@@ -249,8 +271,12 @@ where
         )?;
     }
     let (left, right) = body.split_horizontally(SIZE.0 / 2);
-    let all = series(rows);
-    panel(&left, &all, "Speed", "GFLOP/s", false, |p| p.1, false)?;
+    let (per_unit, unit) = match first.device {
+        Device::Cpu => (1.0, "GFLOP/s"),
+        Device::Cuda(_) => (1e3, "TFLOP/s"),
+    };
+    let all = series(rows, per_unit);
+    panel(&left, &all, "Speed", unit, false, |p| p.1, false)?;
     panel(
         &right,
         &all,
