@@ -322,9 +322,9 @@ fn load_uncached(
 /// a compile that fills it). The CUDA stack keeps a cache of its own (`~/.nv/ComputeCache`),
 /// which on the H100 machine answered a repeated compile in ~25 ms instead of 0.3–1.3 s; it
 /// sees through comments and typedefs, so the fresh compile gets the source with an empty kernel
-/// of a unique name appended. That compile is not written to the disk cache. Returns the record of the compile (its `load_ms` is the module
-/// load after it) and the record of the cached load; both are also appended to
-/// [`compile_records`].
+/// of a unique name appended. That compile is not written to the disk cache. Returns the record
+/// of the compile (its `load_ms` is the module load after it) and the record of the cached load;
+/// both are also appended to [`compile_records`].
 pub fn measure_compile(
     ordinal: usize,
     src: &KernelSource,

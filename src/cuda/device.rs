@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::sys::{self, CUdevice_attribute};
 use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::error::{Error, Result};
@@ -124,33 +124,43 @@ pub(crate) fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
     Ok(gpu)
 }
 
-/// Lets the device's default memory pool (which serves cudarc's stream-ordered allocations) keep
-/// freed memory across synchronizations. With the driver's default threshold of 0 every
-/// synchronization returns it to the system, and the next output allocation maps its pages again
-/// (tens of microseconds per call for a 64 MiB output). Best effort: a device without memory
-/// pools keeps its default.
-fn keep_freed_memory(ctx: &CudaContext) {
-    use cudarc::driver::sys;
+/// The device's default memory pool, which serves cudarc's stream-ordered allocations; `None`
+/// when the device has none (or cudarc does not allocate from it).
+fn default_pool(ctx: &CudaContext) -> Option<sys::CUmemoryPool> {
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: `pool` is valid for writes; the device handle comes from a live context.
     let got = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) };
-    if got != sys::CUresult::CUDA_SUCCESS || pool.is_null() {
-        return;
-    }
-    let mut threshold: u64 = u64::MAX;
-    // SAFETY: the release threshold attribute takes a pointer to a u64, valid during the call.
-    let _ = unsafe {
-        sys::cuMemPoolSetAttribute(
-            pool,
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-            (&mut threshold as *mut u64).cast(),
-        )
-    };
+    (got == sys::CUresult::CUDA_SUCCESS && !pool.is_null() && ctx.has_async_alloc()).then_some(pool)
 }
 
-/// Device memory in the default memory pool of a GPU, which serves every flashattn allocation
-/// (cudarc allocates stream-ordered from it): what is in use now, and the most in use since the
-/// last [`reset_memory_peak`].
+/// Sets a u64 attribute of `pool` (the release threshold, or 0 to reset a high-water mark).
+fn set_pool_attribute(
+    pool: sys::CUmemoryPool,
+    attr: sys::CUmemPool_attribute,
+    mut value: u64,
+) -> Result<()> {
+    // SAFETY: both attributes set here take a pointer to a u64, valid during the call.
+    unsafe { sys::cuMemPoolSetAttribute(pool, attr, (&mut value as *mut u64).cast()) }
+        .result()
+        .map_err(|e| driver_error("cuMemPoolSetAttribute", e))
+}
+
+/// Lets the device's default memory pool keep freed memory across synchronizations. With the
+/// driver's default threshold of 0 every synchronization returns it to the system, and the next
+/// output allocation maps its pages again (tens of microseconds per call for a 64 MiB output).
+/// Best effort: a device without memory pools keeps its default.
+fn keep_freed_memory(ctx: &CudaContext) {
+    if let Some(pool) = default_pool(ctx) {
+        let _ = set_pool_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            u64::MAX,
+        );
+    }
+}
+
+/// Device memory in the default memory pool of a GPU, which serves every flashattn allocation:
+/// what is in use now, and the most in use since the last [`reset_memory_peak`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryUse {
     /// Bytes in use now.
@@ -159,41 +169,29 @@ pub struct MemoryUse {
     pub peak: u64,
 }
 
-fn default_pool(ordinal: usize) -> Result<cudarc::driver::sys::CUmemoryPool> {
-    use cudarc::driver::sys;
-    let g = gpu(ordinal)?;
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: `pool` is valid for writes; the device handle comes from a live context.
-    let got = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, g.ctx.cu_device()) };
-    if got != sys::CUresult::CUDA_SUCCESS || pool.is_null() || !g.stream.context().has_async_alloc()
-    {
-        return Err(Error::Cuda(format!(
-            "cuda:{ordinal} has no stream-ordered memory pool ({got:?}): device memory cannot be \
-             measured"
-        )));
-    }
-    Ok(pool)
+/// The default pool of GPU `ordinal`, or an error saying its memory cannot be measured.
+fn measured_pool(ordinal: usize) -> Result<sys::CUmemoryPool> {
+    default_pool(&gpu(ordinal)?.ctx).ok_or_else(|| {
+        Error::Cuda(format!(
+            "cuda:{ordinal} has no stream-ordered memory pool: device memory cannot be measured"
+        ))
+    })
 }
 
-fn pool_attribute(
-    pool: cudarc::driver::sys::CUmemoryPool,
-    attr: cudarc::driver::sys::CUmemPool_attribute,
-) -> Result<u64> {
+fn pool_attribute(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute) -> Result<u64> {
     let mut value: u64 = 0;
     // SAFETY: the used-memory attributes write a u64 through the pointer, valid for the call.
-    unsafe {
-        cudarc::driver::sys::cuMemPoolGetAttribute(pool, attr, (&mut value as *mut u64).cast())
-    }
-    .result()
-    .map_err(|e| driver_error("cuMemPoolGetAttribute", e))?;
+    unsafe { sys::cuMemPoolGetAttribute(pool, attr, (&mut value as *mut u64).cast()) }
+        .result()
+        .map_err(|e| driver_error("cuMemPoolGetAttribute", e))?;
     Ok(value)
 }
 
 /// The device memory flashattn's allocations on GPU `ordinal` hold (see [`MemoryUse`]).
 /// Memory that libraries allocate outside the pool (cuBLAS's workspace) is not included.
 pub fn memory_use(ordinal: usize) -> Result<MemoryUse> {
-    use cudarc::driver::sys::CUmemPool_attribute::*;
-    let pool = default_pool(ordinal)?;
+    use sys::CUmemPool_attribute::*;
+    let pool = measured_pool(ordinal)?;
     Ok(MemoryUse {
         current: pool_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
         peak: pool_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
@@ -202,19 +200,11 @@ pub fn memory_use(ordinal: usize) -> Result<MemoryUse> {
 
 /// Starts a new peak for [`memory_use`] at what is in use now.
 pub fn reset_memory_peak(ordinal: usize) -> Result<()> {
-    use cudarc::driver::sys;
-    let pool = default_pool(ordinal)?;
-    let mut zero: u64 = 0;
-    // SAFETY: the high-watermark attribute takes a pointer to a u64 (only 0 is allowed: a reset).
-    unsafe {
-        sys::cuMemPoolSetAttribute(
-            pool,
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
-            (&mut zero as *mut u64).cast(),
-        )
-    }
-    .result()
-    .map_err(|e| driver_error("cuMemPoolSetAttribute", e))
+    set_pool_attribute(
+        measured_pool(ordinal)?,
+        sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+        0,
+    )
 }
 
 impl Gpu {
