@@ -24,6 +24,7 @@ pub mod reference;
 pub mod tensor;
 
 pub use attention::{ForwardOutput, Gradients, backward, forward};
+pub use cpu::{Simd, cpu_simd};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use mask::{Mask, Window};

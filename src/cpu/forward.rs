@@ -26,7 +26,7 @@ use rayon::prelude::*;
 use super::SharedOut;
 use super::exp::LANES;
 use super::matmul::Write;
-use super::microkernel::{PanelStrides, panel_product};
+use super::microkernel::{PairOffsets, PanelStrides, panels_product};
 use super::online_softmax::PanelSoftmax;
 use super::score_mods::{ScoreMods, apply_mask};
 use super::tile_config::{ForwardTiles, forward_tiles};
@@ -45,16 +45,22 @@ pub(crate) struct Inputs<'a, T> {
 /// Per-thread tile buffers, reused across tasks.
 #[derive(Default)]
 struct Scratch {
+    panels: Panels,
+    /// 16 query rows in row-major order (f32), on their way into or out of a panel.
+    rows: Vec<f32>,
+    kv: KeyBlock,
+}
+
+/// The task's query panels.
+#[derive(Default)]
+struct Panels {
     /// `Qᵀ` panels, `panels × d × 16`, pre-scaled, zero past the last query.
     qt: Vec<f32>,
     /// `Oᵀ` accumulator panels, `panels × dv × 16`.
     ot: Vec<f32>,
-    /// Scores, then probabilities, of one panel: `block_k × 16`.
+    /// Scores, then probabilities, of a pair of panels: `2 × block_k × 16`.
     st: Vec<f32>,
     softmax: Vec<PanelSoftmax>,
-    /// 16 query rows in row-major order (f32), on their way into or out of a panel.
-    rows: Vec<f32>,
-    kv: KeyBlock,
 }
 
 /// K and V of the current key block as f32 when not read in place: `block_k × d`, `block_k × dv`.
@@ -146,11 +152,11 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         let (d, dv) = (p.head_dim, p.head_dim_v);
         let panels = self.rows.len().div_ceil(LANES);
         self.pack_queries(sc, panels);
-        sc.ot.clear();
-        sc.ot.resize(panels * dv * LANES, 0.0);
-        sc.softmax.clear();
-        sc.softmax.resize(panels, PanelSoftmax::default());
-        sc.st.resize(self.tiles.block_k * LANES, 0.0);
+        sc.panels.ot.clear();
+        sc.panels.ot.resize(panels * dv * LANES, 0.0);
+        sc.panels.softmax.clear();
+        sc.panels.softmax.resize(panels, PanelSoftmax::default());
+        sc.panels.st.resize(2 * self.tiles.block_k * LANES, 0.0);
 
         let keys = self.mask.key_range_for_rows(self.rows.clone());
         let mut k0 = keys.start;
@@ -161,63 +167,16 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                 continue;
             }
             let (k_rows, v_rows) = self.key_block(&mut sc.kv, block.clone());
-            for panel in 0..panels {
-                let queries = self.panel_queries(panel);
-                let seen = self.mask.key_range_for_rows(queries.clone());
-                let sub = seen.start.max(block.start)..seen.end.min(block.end);
-                if sub.is_empty() {
-                    continue;
-                }
-                let (r0, n) = (sub.start - block.start, sub.len());
-                let st = &mut sc.st[..n * LANES];
-                let raw_max = panel_product(
-                    st,
-                    k_rows.skip(r0),
-                    &sc.qt[panel * d * LANES..(panel + 1) * d * LANES],
-                    n,
-                    d,
-                    PanelStrides {
-                        a_rs: k_rows.stride,
-                        a_cs: 1,
-                        b_rs: LANES,
-                        c_rs: LANES,
-                    },
-                    Write::Overwrite,
-                );
-                // The maximum from the product is exact only when nothing changes the scores.
-                let mut tile_max = Some(raw_max);
-                if self.mods.any() {
-                    self.mods
-                        .apply(st, queries.start, queries.len(), sub.clone());
-                    tile_max = None;
-                }
-                if !self.mask.tile_is_full(queries.clone(), sub.clone()) {
-                    apply_mask(&self.mask, st, queries.start, queries.len(), sub);
-                    tile_max = None;
-                }
-                let ot = &mut sc.ot[panel * dv * LANES..(panel + 1) * dv * LANES];
-                sc.softmax[panel].update(st, tile_max, ot);
-                panel_product(
-                    ot,
-                    v_rows.skip(r0),
-                    st,
-                    dv,
-                    n,
-                    PanelStrides {
-                        a_rs: 1,
-                        a_cs: v_rows.stride,
-                        b_rs: LANES,
-                        c_rs: LANES,
-                    },
-                    Write::Accumulate,
-                );
+            for first in (0..panels).step_by(2) {
+                let pair = first..(first + 2).min(panels);
+                self.panel_pair(&mut sc.panels, pair, block.clone(), k_rows, v_rows);
             }
         }
 
         sc.rows.resize(LANES * dv.max(d), 0.0);
         for panel in 0..panels {
-            let ot = &mut sc.ot[panel * dv * LANES..(panel + 1) * dv * LANES];
-            let lse_panel = sc.softmax[panel].finish(ot);
+            let ot = &mut sc.panels.ot[panel * dv * LANES..(panel + 1) * dv * LANES];
+            let lse_panel = sc.panels.softmax[panel].finish(ot);
             let queries = self.panel_queries(panel);
             transpose(&mut sc.rows, dv, ot, LANES, dv, queries.len());
             for (l, i) in queries.enumerate() {
@@ -241,6 +200,78 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         q0..(q0 + LANES).min(self.rows.end)
     }
 
+    /// Folds key block `block` into panels `pair` (one or two): `Sᵀ = K·Qᵀ` for both at once,
+    /// score options and mask, the online softmax of each, then `Oᵀ += Vᵀ·Pᵀ` for both at once.
+    /// The two panels share the keys either can see; the mask removes the rest.
+    fn panel_pair(
+        &self,
+        sc: &mut Panels,
+        pair: Range<usize>,
+        block: Range<usize>,
+        k_rows: KeyRows<'_>,
+        v_rows: KeyRows<'_>,
+    ) {
+        let (d, dv) = (self.p.head_dim, self.p.head_dim_v);
+        let queries = self.panel_queries(pair.start).start..self.panel_queries(pair.end - 1).end;
+        let seen = self.mask.key_range_for_rows(queries);
+        let sub = seen.start.max(block.start)..seen.end.min(block.end);
+        if sub.is_empty() {
+            return;
+        }
+        let (r0, n) = (sub.start - block.start, sub.len());
+        let st = &mut sc.st[..pair.len() * n * LANES];
+        let qt = &sc.qt[pair.start * d * LANES..pair.end * d * LANES];
+        let ot = &mut sc.ot[pair.start * dv * LANES..pair.end * dv * LANES];
+        let offsets = |b, c| (pair.len() == 2).then_some(PairOffsets { b, c });
+        let maxima = panels_product(
+            st,
+            k_rows.skip(r0),
+            qt,
+            n,
+            d,
+            PanelStrides {
+                a_rs: k_rows.stride,
+                a_cs: 1,
+                b_rs: LANES,
+                c_rs: LANES,
+            },
+            offsets(d * LANES, n * LANES),
+            Write::Overwrite,
+        );
+        for (w, panel) in pair.clone().enumerate() {
+            let queries = self.panel_queries(panel);
+            let st = &mut st[w * n * LANES..(w + 1) * n * LANES];
+            // The maximum from the product is exact only when nothing changes the scores.
+            let mut tile_max = Some(maxima[w]);
+            if self.mods.any() {
+                self.mods
+                    .apply(st, queries.start, queries.len(), sub.clone());
+                tile_max = None;
+            }
+            if !self.mask.tile_is_full(queries.clone(), sub.clone()) {
+                apply_mask(&self.mask, st, queries.start, queries.len(), sub.clone());
+                tile_max = None;
+            }
+            let ot = &mut ot[w * dv * LANES..(w + 1) * dv * LANES];
+            sc.softmax[panel].update(st, tile_max, ot);
+        }
+        panels_product(
+            ot,
+            v_rows.skip(r0),
+            st,
+            dv,
+            n,
+            PanelStrides {
+                a_rs: 1,
+                a_cs: v_rows.stride,
+                b_rs: LANES,
+                c_rs: LANES,
+            },
+            offsets(n * LANES, dv * LANES),
+            Write::Accumulate,
+        );
+    }
+
     /// Packs `Qᵀ` panels as f32, scaled, zero-padded past the last query.
     fn pack_queries(&self, sc: &mut Scratch, panels: usize) {
         let p = self.p;
@@ -252,13 +283,13 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         } else {
             p.scale * std::f32::consts::LOG2_E
         };
-        sc.qt.clear();
-        sc.qt.resize(panels * d * LANES, 0.0);
+        sc.panels.qt.clear();
+        sc.panels.qt.resize(panels * d * LANES, 0.0);
         sc.rows.resize(LANES * d.max(p.head_dim_v), 0.0);
         for panel in 0..panels {
             let queries = self.panel_queries(panel);
             let at = p.q_at(self.b, queries.start, self.h);
-            let qt = &mut sc.qt[panel * d * LANES..(panel + 1) * d * LANES];
+            let qt = &mut sc.panels.qt[panel * d * LANES..(panel + 1) * d * LANES];
             match T::as_f32_slice(self.x.q) {
                 Some(q) => transpose(qt, LANES, &q[at..], p.q.row, queries.len(), d),
                 None => {
@@ -270,7 +301,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                 }
             }
         }
-        sc.qt.iter_mut().for_each(|x| *x *= scale);
+        sc.panels.qt.iter_mut().for_each(|x| *x *= scale);
     }
 
     /// K and V rows of the key block `keys` as f32: in place for f32 (unless their stride makes

@@ -14,6 +14,7 @@ mod microkernel;
 mod online_softmax;
 mod score_mods;
 mod shared_out;
+mod simd;
 mod tile_config;
 mod transpose;
 
@@ -28,6 +29,7 @@ use crate::tensor::{CpuElement, CpuStorage, Tensor, contiguous_strides};
 /// The vectorized row exp, also used by the standard attention baseline (one exp for both).
 pub(crate) use exp::exp2_shifted_sum;
 pub(crate) use shared_out::SharedOut;
+pub use simd::{Simd, cpu_simd};
 
 /// The host buffer of `t` as `T` (validated to be on the host with dtype `T`).
 fn host<'a, T: CpuElement>(t: &'a Tensor, arg: &'static str) -> Result<&'a [T]> {

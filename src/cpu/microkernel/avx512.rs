@@ -1,0 +1,223 @@
+//! AVX-512F kernels of the panel product: one 16-lane accumulator per row of C and panel, so a
+//! register block of `R` rows on `W` panels (1 or 2) holds `R·W` accumulators and each
+//! broadcast of A feeds `W` FMAs. Three addressings of A share the store:
+//!
+//! * rows contiguous (`a_cs == 1`, K in `Sᵀ = K·Qᵀ`): rows `4g + j` are read at
+//!   `base[g] + j·a_rs`, four rows to a pointer, the rest carried by the address modes;
+//! * columns contiguous (`a_rs == 1`, Vᵀ in `Oᵀ += Vᵀ·Pᵀ`): the `R` values of step `l` sit
+//!   side by side, one pointer;
+//! * any strides (no caller of the forward or backward uses it today; kept for completeness).
+
+use std::arch::x86_64::*;
+
+use super::{Block, ColMax};
+
+/// A register block: C, A and B point at the block's first row.
+type Kernel<const W: usize> = unsafe fn(Block, &mut [ColMax; W]);
+
+/// Lists the instances of a kernel for the row counts given.
+macro_rules! kernels {
+    ($f:ident, $w:ident, [$($r:literal),*]) => {
+        [$($f::<$r, $w> as Kernel<$w>),*]
+    };
+}
+
+/// The whole product (see [`super::product`]), cut into register blocks of nearly equal size.
+///
+/// # Safety
+/// AVX-512F must be available and the operands of `x` valid for `rows` rows on `W` panels
+/// (checked by [`super::product`]).
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn product<const W: usize>(x: Block, rows: usize, col_max: &mut [ColMax; W]) {
+    let cols: [Kernel<W>; 24] = kernels!(
+        block_cols,
+        W,
+        [
+            1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24
+        ]
+    );
+    let any: [Kernel<W>; 12] = kernels!(block_any, W, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+    let quads: [Kernel<W>; 6] = [
+        block_rows::<4, 1, W>,
+        block_rows::<8, 2, W>,
+        block_rows::<12, 3, W>,
+        block_rows::<16, 4, W>,
+        block_rows::<20, 5, W>,
+        block_rows::<24, 6, W>,
+    ];
+    // 24 accumulators at most: 24 rows on one panel, 12 on a pair.
+    let max_rows = 24 / W;
+    let st = x.st;
+    let at = |r0: usize| Block {
+        // SAFETY (of the two adds): r0 < rows, inside C and A (the caller's contract).
+        c: unsafe { x.c.add(r0 * st.c_rs) },
+        a: unsafe { x.a.add(r0 * st.a_rs) },
+        ..x
+    };
+    let mut r0 = 0;
+    let mut run = |kernel: Kernel<W>, r0: &mut usize, mr: usize| {
+        // SAFETY: rows r0..r0 + mr lie inside the product's rows; AVX-512F is available.
+        unsafe { kernel(at(*r0), col_max) };
+        *r0 += mr;
+    };
+    if st.a_rs == 1 {
+        for mr in even_split(rows, max_rows) {
+            run(cols[mr - 1], &mut r0, mr);
+        }
+    } else if st.a_cs == 1 {
+        for quads_in_block in even_split(rows / 4, max_rows / 4) {
+            run(quads[quads_in_block - 1], &mut r0, 4 * quads_in_block);
+        }
+        if !rows.is_multiple_of(4) {
+            run(any[rows % 4 - 1], &mut r0, rows % 4);
+        }
+    } else {
+        for mr in even_split(rows, 12) {
+            run(any[mr - 1], &mut r0, mr);
+        }
+    }
+}
+
+/// `n` cut into the fewest parts of at most `max`, sizes differing by at most one.
+fn even_split(n: usize, max: usize) -> impl Iterator<Item = usize> {
+    let parts = n.div_ceil(max);
+    (0..parts).map(move |i| n / parts + usize::from(i < n % parts))
+}
+
+/// Rows contiguous in A (`a_cs == 1`): `R = 4·G` rows, `G` pointers.
+///
+/// # Safety
+/// AVX-512F must be available; `a + r·a_rs + l` (r < R, l < k), `b + w·pair.b + l·b_rs ..+16`
+/// and `c + w·pair.c + r·c_rs ..+16` (w < W) must be valid, C writable and not overlapping A,
+/// B or itself.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn block_rows<const R: usize, const G: usize, const W: usize>(
+    x: Block,
+    col_max: &mut [ColMax; W],
+) {
+    let mut acc = [[_mm512_setzero_ps(); W]; R];
+    let s1 = x.st.a_rs * size_of::<f32>();
+    let s3 = 3 * s1;
+    let mut base = [x.a.cast::<u8>(); G];
+    for (g, p) in base.iter_mut().enumerate() {
+        // SAFETY: row 4g < R of A is valid (caller's contract).
+        *p = unsafe { x.a.add(4 * g * x.st.a_rs).cast::<u8>() };
+    }
+    let mut bl = x.b;
+    for _ in 0..x.k {
+        // SAFETY: the current column of the block's rows of A and row of B are valid.
+        unsafe {
+            let bv = load_panels::<W>(bl, x.pair.b);
+            for (g, p) in base.iter_mut().enumerate() {
+                let q = *p;
+                let row = [q, q.add(s1), q.add(2 * s1), q.add(s3)];
+                for (j, at) in row.into_iter().enumerate() {
+                    let xv = _mm512_set1_ps(*at.cast::<f32>());
+                    for w in 0..W {
+                        acc[4 * g + j][w] = _mm512_fmadd_ps(xv, bv[w], acc[4 * g + j][w]);
+                    }
+                }
+                *p = q.add(size_of::<f32>());
+            }
+            bl = bl.add(x.st.b_rs);
+        }
+    }
+    // SAFETY: as above.
+    unsafe { store(x, &acc, col_max) };
+}
+
+/// Columns contiguous in A (`a_rs == 1`): step `l` reads `a + l·a_cs + r`, r < R.
+///
+/// # Safety
+/// As for [`block_rows`], with `a + r + l·a_cs` valid instead.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn block_cols<const R: usize, const W: usize>(x: Block, col_max: &mut [ColMax; W]) {
+    let mut acc = [[_mm512_setzero_ps(); W]; R];
+    let (mut al, mut bl) = (x.a, x.b);
+    for _ in 0..x.k {
+        // SAFETY: step l's R values of A and row l of B are valid (caller's contract).
+        unsafe {
+            let bv = load_panels::<W>(bl, x.pair.b);
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let xv = _mm512_set1_ps(*al.add(r));
+                for w in 0..W {
+                    acc[w] = _mm512_fmadd_ps(xv, bv[w], acc[w]);
+                }
+            }
+            al = al.add(x.st.a_cs);
+            bl = bl.add(x.st.b_rs);
+        }
+    }
+    // SAFETY: as above.
+    unsafe { store(x, &acc, col_max) };
+}
+
+/// Any strides: `a + r·a_rs + l·a_cs`.
+///
+/// # Safety
+/// As for [`block_rows`], with `a + r·a_rs + l·a_cs` valid instead.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn block_any<const R: usize, const W: usize>(x: Block, col_max: &mut [ColMax; W]) {
+    let mut acc = [[_mm512_setzero_ps(); W]; R];
+    for l in 0..x.k {
+        // SAFETY: l < k: row l of B and column l of A's rows are valid (caller's contract).
+        unsafe {
+            let bv = load_panels::<W>(x.b.add(l * x.st.b_rs), x.pair.b);
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let xv = _mm512_set1_ps(*x.a.add(r * x.st.a_rs + l * x.st.a_cs));
+                for w in 0..W {
+                    acc[w] = _mm512_fmadd_ps(xv, bv[w], acc[w]);
+                }
+            }
+        }
+    }
+    // SAFETY: as above.
+    unsafe { store(x, &acc, col_max) };
+}
+
+/// Row `l` of each of the `W` panels of B, `b` pointing at the first.
+///
+/// # Safety
+/// AVX-512F must be available; `b + w·pair_b .. + 16` (w < W) must be readable.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn load_panels<const W: usize>(b: *const f32, pair_b: usize) -> [__m512; W] {
+    // SAFETY: the caller's contract.
+    std::array::from_fn(|w| unsafe { _mm512_loadu_ps(b.add(w * pair_b)) })
+}
+
+/// Writes (or adds) the block's rows to C and folds them into each panel's lane maxima.
+///
+/// # Safety
+/// AVX-512F must be available; `c + w·pair.c + r·c_rs .. + 16` (r < R, w < W) must be valid
+/// and writable.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn store<const R: usize, const W: usize>(
+    x: Block,
+    acc: &[[__m512; W]; R],
+    col_max: &mut [ColMax; W],
+) {
+    for (w, col_max) in col_max.iter_mut().enumerate() {
+        // SAFETY: `col_max` holds 16 f32.
+        let mut max = unsafe { _mm512_loadu_ps(col_max.as_ptr()) };
+        for (r, acc) in acc.iter().enumerate() {
+            // SAFETY: row r < R of panel w of C holds 16 writable elements (caller's contract).
+            unsafe {
+                let cr = x.c.add(w * x.pair.c + r * x.st.c_rs);
+                let v = if x.accumulate {
+                    _mm512_add_ps(acc[w], _mm512_loadu_ps(cr))
+                } else {
+                    acc[w]
+                };
+                _mm512_storeu_ps(cr, v);
+                max = _mm512_max_ps(max, v);
+            }
+        }
+        // SAFETY: `col_max` holds 16 f32.
+        unsafe { _mm512_storeu_ps(col_max.as_mut_ptr(), max) };
+    }
+}

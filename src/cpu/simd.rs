@@ -1,0 +1,65 @@
+//! Which SIMD kernels the CPU path runs, decided once per process.
+//!
+//! The widest level the CPU supports is used (AVX-512F, then AVX2 with FMA, then portable Rust),
+//! unless the environment variable `FLASHATTN_CPU_SIMD` asks for a lower one (`avx2` or
+//! `portable`): for comparing the kernels on one machine and for testing every path there. A
+//! request above what the CPU supports, or a value not listed, leaves the detected level.
+
+use std::sync::OnceLock;
+
+/// A family of CPU kernels, lowest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Simd {
+    /// Plain Rust, any CPU.
+    Portable,
+    /// x86-64 AVX2 and FMA: 8-lane vectors.
+    Avx2,
+    /// x86-64 AVX-512F: 16-lane vectors, one per row of a 16-query panel.
+    Avx512,
+}
+
+impl Simd {
+    /// The name `FLASHATTN_CPU_SIMD` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Simd::Portable => "portable",
+            Simd::Avx2 => "avx2",
+            Simd::Avx512 => "avx512",
+        }
+    }
+}
+
+impl std::fmt::Display for Simd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The widest level this CPU supports.
+fn detected() -> Simd {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return Simd::Avx512;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return Simd::Avx2;
+        }
+    }
+    Simd::Portable
+}
+
+/// The level the CPU kernels use (see the module documentation).
+pub fn cpu_simd() -> Simd {
+    static LEVEL: OnceLock<Simd> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        let cpu = detected();
+        let asked = std::env::var("FLASHATTN_CPU_SIMD").ok().and_then(|v| {
+            [Simd::Portable, Simd::Avx2, Simd::Avx512]
+                .into_iter()
+                .find(|s| s.name() == v.trim().to_ascii_lowercase())
+        });
+        asked.map_or(cpu, |a| a.min(cpu))
+    })
+}
