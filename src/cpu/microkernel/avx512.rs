@@ -12,13 +12,36 @@ use std::arch::x86_64::*;
 
 use super::{Block, ColMax};
 
-/// A register block: C, A and B point at the block's first row.
-type Kernel<const W: usize> = unsafe fn(Block, &mut [ColMax; W]);
+/// A run of `blocks` register blocks of the same height, one after the other; C, A and B
+/// point at the first block's first row.
+type Kernel<const W: usize> = unsafe fn(Block, usize, &mut [ColMax; W]);
 
 /// Lists the instances of a kernel for the row counts given.
 macro_rules! kernels {
     ($f:ident, $w:ident, [$($r:literal),*]) => {
         [$($f::<$r, $w> as Kernel<$w>),*]
+    };
+}
+
+/// Writes (or adds) a block's accumulators `acc` (`R × W`) to C and folds them into each
+/// panel's lane maxima. A macro, not a function: a call would put the accumulators in memory.
+/// Expanded only inside `unsafe` blocks of AVX-512F functions whose C rows are writable.
+macro_rules! store {
+    ($x:expr, $acc:expr, $col_max:expr) => {
+        for (w, col_max) in $col_max.iter_mut().enumerate() {
+            let mut max = _mm512_loadu_ps(col_max.as_ptr());
+            for (r, acc) in $acc.iter().enumerate() {
+                let cr = $x.c.add(w * $x.pair.c + r * $x.st.c_rs);
+                let v = if $x.accumulate {
+                    _mm512_add_ps(acc[w], _mm512_loadu_ps(cr))
+                } else {
+                    acc[w]
+                };
+                _mm512_storeu_ps(cr, v);
+                max = _mm512_max_ps(max, v);
+            }
+            _mm512_storeu_ps(col_max.as_mut_ptr(), max);
+        }
     };
 }
 
@@ -48,40 +71,48 @@ pub(super) unsafe fn product<const W: usize>(x: Block, rows: usize, col_max: &mu
     // 24 accumulators at most: 24 rows on one panel, 12 on a pair.
     let max_rows = 24 / W;
     let st = x.st;
-    let at = |r0: usize| Block {
-        // SAFETY (of the two adds): r0 < rows, inside C and A (the caller's contract).
-        c: unsafe { x.c.add(r0 * st.c_rs) },
-        a: unsafe { x.a.add(r0 * st.a_rs) },
-        ..x
-    };
     let mut r0 = 0;
-    let mut run = |kernel: Kernel<W>, r0: &mut usize, mr: usize| {
-        // SAFETY: rows r0..r0 + mr lie inside the product's rows; AVX-512F is available.
-        unsafe { kernel(at(*r0), col_max) };
-        *r0 += mr;
+    // Runs `blocks` blocks of `mr` rows with `table[mr / unit - 1]`.
+    let mut run = |table: &[Kernel<W>], unit: usize, (blocks, mr): (usize, usize)| {
+        if blocks == 0 || mr == 0 {
+            return;
+        }
+        let kernel = table[mr / unit - 1];
+        let first = Block {
+            // SAFETY (of the two adds): r0 < rows, inside C and A (the caller's contract).
+            c: unsafe { x.c.add(r0 * st.c_rs) },
+            a: unsafe { x.a.add(r0 * st.a_rs) },
+            ..x
+        };
+        // SAFETY: rows r0..r0 + blocks·mr lie inside the product's rows; AVX-512F is available.
+        unsafe { kernel(first, blocks, col_max) };
+        r0 += blocks * mr;
     };
     if st.a_rs == 1 {
-        for mr in even_split(rows, max_rows) {
-            run(cols[mr - 1], &mut r0, mr);
+        for part in even_split(rows, max_rows) {
+            run(&cols, 1, part);
         }
     } else if st.a_cs == 1 {
-        for quads_in_block in even_split(rows / 4, max_rows / 4) {
-            run(quads[quads_in_block - 1], &mut r0, 4 * quads_in_block);
+        for (blocks, quads_in_block) in even_split(rows / 4, max_rows / 4) {
+            run(&quads, 4, (blocks, 4 * quads_in_block));
         }
-        if !rows.is_multiple_of(4) {
-            run(any[rows % 4 - 1], &mut r0, rows % 4);
-        }
+        run(&any, 1, (1, rows % 4));
     } else {
-        for mr in even_split(rows, 12) {
-            run(any[mr - 1], &mut r0, mr);
+        for part in even_split(rows, 12) {
+            run(&any, 1, part);
         }
     }
 }
 
-/// `n` cut into the fewest parts of at most `max`, sizes differing by at most one.
-fn even_split(n: usize, max: usize) -> impl Iterator<Item = usize> {
+/// `n` cut into the fewest blocks of at most `max`, heights differing by at most one: the
+/// taller blocks first, as (blocks, height) pairs (a pair may have no blocks).
+fn even_split(n: usize, max: usize) -> [(usize, usize); 2] {
     let parts = n.div_ceil(max);
-    (0..parts).map(move |i| n / parts + usize::from(i < n % parts))
+    if parts == 0 {
+        return [(0, 1); 2];
+    }
+    let short = n / parts;
+    [(n % parts, short + 1), (parts - n % parts, short.max(1))]
 }
 
 /// Rows contiguous in A (`a_cs == 1`): `R = 4·G` rows, `G` pointers.
@@ -93,38 +124,45 @@ fn even_split(n: usize, max: usize) -> impl Iterator<Item = usize> {
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn block_rows<const R: usize, const G: usize, const W: usize>(
-    x: Block,
+    mut x: Block,
+    blocks: usize,
     col_max: &mut [ColMax; W],
 ) {
-    let mut acc = [[_mm512_setzero_ps(); W]; R];
-    let s1 = x.st.a_rs * size_of::<f32>();
-    let s3 = 3 * s1;
-    let mut base = [x.a.cast::<u8>(); G];
-    for (g, p) in base.iter_mut().enumerate() {
-        // SAFETY: row 4g < R of A is valid (caller's contract).
-        *p = unsafe { x.a.add(4 * g * x.st.a_rs).cast::<u8>() };
-    }
-    let mut bl = x.b;
-    for _ in 0..x.k {
-        // SAFETY: the current column of the block's rows of A and row of B are valid.
-        unsafe {
-            let bv = load_panels::<W>(bl, x.pair.b);
-            for (g, p) in base.iter_mut().enumerate() {
-                let q = *p;
-                let row = [q, q.add(s1), q.add(2 * s1), q.add(s3)];
-                for (j, at) in row.into_iter().enumerate() {
-                    let xv = _mm512_set1_ps(*at.cast::<f32>());
-                    for w in 0..W {
-                        acc[4 * g + j][w] = _mm512_fmadd_ps(xv, bv[w], acc[4 * g + j][w]);
-                    }
-                }
-                *p = q.add(size_of::<f32>());
-            }
-            bl = bl.add(x.st.b_rs);
+    for _ in 0..blocks {
+        let mut acc = [[_mm512_setzero_ps(); W]; R];
+        let s1 = x.st.a_rs * size_of::<f32>();
+        let s3 = 3 * s1;
+        let mut base = [x.a.cast::<u8>(); G];
+        for (g, p) in base.iter_mut().enumerate() {
+            // SAFETY: row 4g < R of A is valid (caller's contract).
+            *p = unsafe { x.a.add(4 * g * x.st.a_rs).cast::<u8>() };
         }
+        let mut bl = x.b;
+        for _ in 0..x.k {
+            // SAFETY: the current column of the block's rows of A and row of B are valid.
+            unsafe {
+                let bv = load_panels::<W>(bl, x.pair.b);
+                for (g, p) in base.iter_mut().enumerate() {
+                    let q = *p;
+                    let row = [q, q.add(s1), q.add(2 * s1), q.add(s3)];
+                    for (j, at) in row.into_iter().enumerate() {
+                        let xv = _mm512_set1_ps(*at.cast::<f32>());
+                        for w in 0..W {
+                            acc[4 * g + j][w] = _mm512_fmadd_ps(xv, bv[w], acc[4 * g + j][w]);
+                        }
+                    }
+                    *p = q.add(size_of::<f32>());
+                }
+                bl = bl.add(x.st.b_rs);
+            }
+        }
+        // SAFETY: the block's rows of C are writable (caller's contract); `col_max` holds W
+        // panels of 16 f32.
+        unsafe { store!(x, acc, col_max) };
+        // The next block (wrapping: past the last block these point nowhere and are not read).
+        x.a = x.a.wrapping_add(R * x.st.a_rs);
+        x.c = x.c.wrapping_add(R * x.st.c_rs);
     }
-    // SAFETY: as above.
-    unsafe { store(x, &acc, col_max) };
 }
 
 /// Columns contiguous in A (`a_rs == 1`): step `l` reads `a + l·a_cs + r`, r < R.
@@ -133,25 +171,35 @@ unsafe fn block_rows<const R: usize, const G: usize, const W: usize>(
 /// As for [`block_rows`], with `a + r + l·a_cs` valid instead.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn block_cols<const R: usize, const W: usize>(x: Block, col_max: &mut [ColMax; W]) {
-    let mut acc = [[_mm512_setzero_ps(); W]; R];
-    let (mut al, mut bl) = (x.a, x.b);
-    for _ in 0..x.k {
-        // SAFETY: step l's R values of A and row l of B are valid (caller's contract).
-        unsafe {
-            let bv = load_panels::<W>(bl, x.pair.b);
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let xv = _mm512_set1_ps(*al.add(r));
-                for w in 0..W {
-                    acc[w] = _mm512_fmadd_ps(xv, bv[w], acc[w]);
+unsafe fn block_cols<const R: usize, const W: usize>(
+    mut x: Block,
+    blocks: usize,
+    col_max: &mut [ColMax; W],
+) {
+    for _ in 0..blocks {
+        let mut acc = [[_mm512_setzero_ps(); W]; R];
+        let (mut al, mut bl) = (x.a, x.b);
+        for _ in 0..x.k {
+            // SAFETY: step l's R values of A and row l of B are valid (caller's contract).
+            unsafe {
+                let bv = load_panels::<W>(bl, x.pair.b);
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let xv = _mm512_set1_ps(*al.add(r));
+                    for w in 0..W {
+                        acc[w] = _mm512_fmadd_ps(xv, bv[w], acc[w]);
+                    }
                 }
+                al = al.add(x.st.a_cs);
+                bl = bl.add(x.st.b_rs);
             }
-            al = al.add(x.st.a_cs);
-            bl = bl.add(x.st.b_rs);
         }
+        // SAFETY: the block's rows of C are writable (caller's contract); `col_max` holds W
+        // panels of 16 f32.
+        unsafe { store!(x, acc, col_max) };
+        // The next block (wrapping: past the last block these point nowhere and are not read).
+        x.a = x.a.wrapping_add(R * x.st.a_rs);
+        x.c = x.c.wrapping_add(R * x.st.c_rs);
     }
-    // SAFETY: as above.
-    unsafe { store(x, &acc, col_max) };
 }
 
 /// Any strides: `a + r·a_rs + l·a_cs`.
@@ -160,22 +208,32 @@ unsafe fn block_cols<const R: usize, const W: usize>(x: Block, col_max: &mut [Co
 /// As for [`block_rows`], with `a + r·a_rs + l·a_cs` valid instead.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn block_any<const R: usize, const W: usize>(x: Block, col_max: &mut [ColMax; W]) {
-    let mut acc = [[_mm512_setzero_ps(); W]; R];
-    for l in 0..x.k {
-        // SAFETY: l < k: row l of B and column l of A's rows are valid (caller's contract).
-        unsafe {
-            let bv = load_panels::<W>(x.b.add(l * x.st.b_rs), x.pair.b);
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let xv = _mm512_set1_ps(*x.a.add(r * x.st.a_rs + l * x.st.a_cs));
-                for w in 0..W {
-                    acc[w] = _mm512_fmadd_ps(xv, bv[w], acc[w]);
+unsafe fn block_any<const R: usize, const W: usize>(
+    mut x: Block,
+    blocks: usize,
+    col_max: &mut [ColMax; W],
+) {
+    for _ in 0..blocks {
+        let mut acc = [[_mm512_setzero_ps(); W]; R];
+        for l in 0..x.k {
+            // SAFETY: l < k: row l of B and column l of A's rows are valid (caller's contract).
+            unsafe {
+                let bv = load_panels::<W>(x.b.add(l * x.st.b_rs), x.pair.b);
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let xv = _mm512_set1_ps(*x.a.add(r * x.st.a_rs + l * x.st.a_cs));
+                    for w in 0..W {
+                        acc[w] = _mm512_fmadd_ps(xv, bv[w], acc[w]);
+                    }
                 }
             }
         }
+        // SAFETY: the block's rows of C are writable (caller's contract); `col_max` holds W
+        // panels of 16 f32.
+        unsafe { store!(x, acc, col_max) };
+        // The next block (wrapping: past the last block these point nowhere and are not read).
+        x.a = x.a.wrapping_add(R * x.st.a_rs);
+        x.c = x.c.wrapping_add(R * x.st.c_rs);
     }
-    // SAFETY: as above.
-    unsafe { store(x, &acc, col_max) };
 }
 
 /// Row `l` of each of the `W` panels of B, `b` pointing at the first.
@@ -187,37 +245,4 @@ unsafe fn block_any<const R: usize, const W: usize>(x: Block, col_max: &mut [Col
 unsafe fn load_panels<const W: usize>(b: *const f32, pair_b: usize) -> [__m512; W] {
     // SAFETY: the caller's contract.
     std::array::from_fn(|w| unsafe { _mm512_loadu_ps(b.add(w * pair_b)) })
-}
-
-/// Writes (or adds) the block's rows to C and folds them into each panel's lane maxima.
-///
-/// # Safety
-/// AVX-512F must be available; `c + w·pair.c + r·c_rs .. + 16` (r < R, w < W) must be valid
-/// and writable.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn store<const R: usize, const W: usize>(
-    x: Block,
-    acc: &[[__m512; W]; R],
-    col_max: &mut [ColMax; W],
-) {
-    for (w, col_max) in col_max.iter_mut().enumerate() {
-        // SAFETY: `col_max` holds 16 f32.
-        let mut max = unsafe { _mm512_loadu_ps(col_max.as_ptr()) };
-        for (r, acc) in acc.iter().enumerate() {
-            // SAFETY: row r < R of panel w of C holds 16 writable elements (caller's contract).
-            unsafe {
-                let cr = x.c.add(w * x.pair.c + r * x.st.c_rs);
-                let v = if x.accumulate {
-                    _mm512_add_ps(acc[w], _mm512_loadu_ps(cr))
-                } else {
-                    acc[w]
-                };
-                _mm512_storeu_ps(cr, v);
-                max = _mm512_max_ps(max, v);
-            }
-        }
-        // SAFETY: `col_max` holds 16 f32.
-        unsafe { _mm512_storeu_ps(col_max.as_mut_ptr(), max) };
-    }
 }
