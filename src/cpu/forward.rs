@@ -25,6 +25,7 @@ use rayon::prelude::*;
 
 use super::SharedOut;
 use super::exp::LANES;
+use super::lanes::scale_lanes;
 use super::matmul::Write;
 use super::microkernel::{PairOffsets, PanelStrides, panels_product};
 use super::online_softmax::PanelSoftmax;
@@ -301,7 +302,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                 }
             }
         }
-        sc.panels.qt.iter_mut().for_each(|x| *x *= scale);
+        scale_lanes(&mut sc.panels.qt, &[scale; LANES]);
     }
 
     /// K and V rows of the key block `keys` as f32: in place for f32 (unless their stride makes

@@ -8,6 +8,7 @@ mod bias_grad;
 #[allow(dead_code)]
 mod exp;
 mod forward;
+mod lanes;
 #[allow(dead_code)]
 mod matmul;
 mod microkernel;

@@ -13,6 +13,7 @@
 //! `2^−∞ = 0` and its sum stays 0; at the end it gives output 0 and log-sum-exp −∞.
 
 use super::exp::{LANES, exp2_shifted_panel};
+use super::lanes::{lane_max, scale_lanes};
 
 /// Running maximum (base 2) and sum of each query of a panel.
 #[derive(Clone, Copy, Debug)]
@@ -29,18 +30,6 @@ impl Default for PanelSoftmax {
             sum: [0.0; LANES],
         }
     }
-}
-
-/// The largest score of each lane over the rows of a `rows × 16` panel.
-#[inline]
-fn lane_max(s: &[f32]) -> [f32; LANES] {
-    let mut m = [f32::NEG_INFINITY; LANES];
-    for row in s.chunks_exact(LANES) {
-        for (m, &v) in m.iter_mut().zip(row) {
-            *m = if v > *m { v } else { *m };
-        }
-    }
-    m
 }
 
 impl PanelSoftmax {
@@ -76,11 +65,7 @@ impl PanelSoftmax {
             self.sum[l] = self.sum[l] * alpha[l] + tile_sum[l];
         }
         if moved {
-            for row in acc.chunks_exact_mut(LANES) {
-                for (a, s) in row.iter_mut().zip(&alpha) {
-                    *a *= s;
-                }
-            }
+            scale_lanes(acc, &alpha);
         }
     }
 
@@ -95,11 +80,7 @@ impl PanelSoftmax {
                 lse[l] = (self.max[l] + self.sum[l].log2()) * std::f32::consts::LN_2;
             }
         }
-        for row in acc.chunks_exact_mut(LANES) {
-            for (a, s) in row.iter_mut().zip(&inv) {
-                *a *= s;
-            }
-        }
+        scale_lanes(acc, &inv);
         lse
     }
 }
