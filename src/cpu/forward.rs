@@ -201,9 +201,10 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         q0..(q0 + LANES).min(self.rows.end)
     }
 
-    /// Folds key block `block` into panels `pair` (one or two): `Sᵀ = K·Qᵀ` for both at once,
-    /// score options and mask, the online softmax of each, then `Oᵀ += Vᵀ·Pᵀ` for both at once.
-    /// The two panels share the keys either can see; the mask removes the rest.
+    /// Folds key block `block` into panels `pair` (one or two): `Sᵀ = K·Qᵀ`, score options and
+    /// mask, the online softmax of each panel, then `Oᵀ += Vᵀ·Pᵀ`. Keys both panels see are
+    /// multiplied for both at once; keys only one sees (the ends of a causal or window
+    /// diagonal), for that one alone. Scores a panel does not compute are masked.
     fn panel_pair(
         &self,
         sc: &mut Panels,
@@ -213,36 +214,57 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         v_rows: KeyRows<'_>,
     ) {
         let (d, dv) = (self.p.head_dim, self.p.head_dim_v);
-        let queries = self.panel_queries(pair.start).start..self.panel_queries(pair.end - 1).end;
-        let seen = self.mask.key_range_for_rows(queries);
-        let sub = seen.start.max(block.start)..seen.end.min(block.end);
-        if sub.is_empty() {
+        let seen: [Range<usize>; 2] = std::array::from_fn(|w| {
+            if pair.start + w >= pair.end {
+                return 0..0;
+            }
+            let keys = self.mask.key_range_for_rows(self.panel_queries(pair.start + w));
+            keys.start.max(block.start)..keys.end.min(block.end)
+        });
+        let visible = seen.iter().filter(|r| !r.is_empty());
+        let Some(start) = visible.clone().map(|r| r.start).min() else {
             return;
-        }
-        let (r0, n) = (sub.start - block.start, sub.len());
+        };
+        let end = visible.map(|r| r.end).max().unwrap_or(start);
+        // The rows of both score panels: every key either panel sees.
+        let sub = start..end;
+        let n = sub.len();
         let st = &mut sc.st[..pair.len() * n * LANES];
         let qt = &sc.qt[pair.start * d * LANES..pair.end * d * LANES];
         let ot = &mut sc.ot[pair.start * dv * LANES..pair.end * dv * LANES];
-        let offsets = |b, c| (pair.len() == 2).then_some(PairOffsets { b, c });
-        let maxima = panels_product(
-            st,
-            k_rows.skip(r0),
-            qt,
-            n,
-            d,
-            PanelStrides {
-                a_rs: k_rows.stride,
-                a_cs: 1,
-                b_rs: LANES,
-                c_rs: LANES,
-            },
-            offsets(d * LANES, n * LANES),
-            Write::Overwrite,
-        );
+        let pieces = pieces(&seen);
+        let mut maxima = [[f32::NEG_INFINITY; LANES]; 2];
+        for piece in pieces.iter().flatten() {
+            let (w, keys) = (piece.first, &piece.keys);
+            let at = w * n * LANES + (keys.start - start) * LANES;
+            let piece_max = panels_product(
+                &mut st[at..],
+                k_rows.skip(keys.start - block.start),
+                &qt[w * d * LANES..],
+                keys.len(),
+                d,
+                PanelStrides {
+                    a_rs: k_rows.stride,
+                    a_cs: 1,
+                    b_rs: LANES,
+                    c_rs: LANES,
+                },
+                piece.both.then_some(PairOffsets {
+                    b: d * LANES,
+                    c: n * LANES,
+                }),
+                Write::Overwrite,
+            );
+            for (m, p) in maxima[w..].iter_mut().zip(piece_max) {
+                for (m, p) in m.iter_mut().zip(p) {
+                    *m = m.max(p);
+                }
+            }
+        }
         for (w, panel) in pair.clone().enumerate() {
             let queries = self.panel_queries(panel);
             let st = &mut st[w * n * LANES..(w + 1) * n * LANES];
-            // The maximum from the product is exact only when nothing changes the scores.
+            // The maximum from the products is exact only when nothing changes the scores.
             let mut tile_max = Some(maxima[w]);
             if self.mods.any() {
                 self.mods
@@ -256,21 +278,27 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             let ot = &mut ot[w * dv * LANES..(w + 1) * dv * LANES];
             sc.softmax[panel].update(st, tile_max, ot);
         }
-        panels_product(
-            ot,
-            v_rows.skip(r0),
-            st,
-            dv,
-            n,
-            PanelStrides {
-                a_rs: 1,
-                a_cs: v_rows.stride,
-                b_rs: LANES,
-                c_rs: LANES,
-            },
-            offsets(n * LANES, dv * LANES),
-            Write::Accumulate,
-        );
+        for piece in pieces.iter().flatten() {
+            let (w, keys) = (piece.first, &piece.keys);
+            panels_product(
+                &mut ot[w * dv * LANES..],
+                v_rows.skip(keys.start - block.start),
+                &st[w * n * LANES + (keys.start - start) * LANES..],
+                dv,
+                keys.len(),
+                PanelStrides {
+                    a_rs: 1,
+                    a_cs: v_rows.stride,
+                    b_rs: LANES,
+                    c_rs: LANES,
+                },
+                piece.both.then_some(PairOffsets {
+                    b: n * LANES,
+                    c: dv * LANES,
+                }),
+                Write::Accumulate,
+            );
+        }
     }
 
     /// Packs `Qᵀ` panels as f32, scaled, zero-padded past the last query.
@@ -328,6 +356,44 @@ impl<T: CpuElement> TaskCtx<'_, T> {
     }
 }
 
+/// Keys of a block multiplied by one panel of a pair, or by both.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Piece {
+    keys: Range<usize>,
+    /// The panel (0 or 1), or the first of the two.
+    first: usize,
+    both: bool,
+}
+
+/// The keys each panel of a pair sees (`seen`, empty for a missing panel), cut into pieces:
+/// the keys both see, once for both, then what only one sees, for that one (at most five).
+fn pieces(seen: &[Range<usize>; 2]) -> [Option<Piece>; 5] {
+    let mut out: [Option<Piece>; 5] = Default::default();
+    let one = |first, keys: Range<usize>| {
+        (!keys.is_empty()).then_some(Piece {
+            keys,
+            first,
+            both: false,
+        })
+    };
+    let common = seen[0].start.max(seen[1].start)..seen[0].end.min(seen[1].end);
+    if seen.iter().any(|r| r.is_empty()) || common.is_empty() {
+        out[0] = one(0, seen[0].clone());
+        out[1] = one(1, seen[1].clone());
+        return out;
+    }
+    out[0] = Some(Piece {
+        keys: common.clone(),
+        first: 0,
+        both: true,
+    });
+    for (w, keys) in seen.iter().enumerate() {
+        out[1 + 2 * w] = one(w, keys.start..common.start);
+        out[2 + 2 * w] = one(w, common.end..keys.end);
+    }
+    out
+}
+
 /// True when rows `stride` f32 apart all fall into the same few sets of the L1 data cache (64
 /// sets of 64 bytes: a 4 KiB period), so a key block read in place keeps evicting itself.
 ///
@@ -367,5 +433,51 @@ fn key_rows<'s, T: CpuElement>(
         data: buf,
         at: 0,
         stride: width,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The keys each panel gets from its pieces, and whether any key is multiplied twice.
+    fn cover(pieces: &[Option<Piece>; 5]) -> [Vec<usize>; 2] {
+        let mut keys: [Vec<usize>; 2] = Default::default();
+        for p in pieces.iter().flatten() {
+            assert!(!p.keys.is_empty());
+            let panels = if p.both { 0..2 } else { p.first..p.first + 1 };
+            for w in panels {
+                keys[w].extend(p.keys.clone());
+            }
+        }
+        for k in &mut keys {
+            let n = k.len();
+            k.sort();
+            k.dedup();
+            assert_eq!(k.len(), n, "a key multiplied twice for one panel");
+        }
+        keys
+    }
+
+    #[test]
+    fn pieces_cover_each_panel_exactly_once() {
+        let cases = [
+            [0..32, 0..48],    // causal diagonal
+            [10..40, 26..56],  // sliding window
+            [0..256, 0..256],  // full
+            [0..8, 100..120],  // disjoint
+            [5..9, 0..0],      // one panel
+            [0..0, 3..7],      // first panel sees nothing
+            [20..30, 0..64],   // nested
+        ];
+        for seen in cases {
+            let got = cover(&pieces(&seen));
+            for w in 0..2 {
+                assert_eq!(got[w], seen[w].clone().collect::<Vec<_>>(), "{seen:?}");
+            }
+        }
+        let full = pieces(&[0..256, 0..256]);
+        assert_eq!(full.iter().flatten().count(), 1);
+        assert!(full[0].as_ref().is_some_and(|p| p.both));
     }
 }

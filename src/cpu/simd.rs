@@ -39,11 +39,13 @@ impl std::fmt::Display for Simd {
 fn detected() -> Simd {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        let avx2 = std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma");
+        // The AVX-512 level also runs AVX2 kernels (for odd sizes), as every AVX-512 CPU can.
+        if avx2 && std::arch::is_x86_feature_detected!("avx512f") {
             return Simd::Avx512;
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if avx2 {
             return Simd::Avx2;
         }
     }

@@ -1,10 +1,25 @@
 //! Strided f32 transpose, for moving rows in and out of the forward's 16-query panels:
-//! 8×8 blocks in AVX2 registers when the CPU has it (detected at run time), scalar at the edges
-//! and on other CPUs.
+//! 16×16 blocks in AVX-512 registers or 8×8 blocks in AVX2 registers when the CPU has them
+//! (see [`cpu_simd`]), scalar at the edges and on other CPUs.
+
+use super::simd::{Simd, cpu_simd};
 
 /// `dst[c · dst_rs + r] = src[r · src_rs + c]` for `r < rows`, `c < cols`.
 /// Panics if either side reaches outside its slice (an internal bug).
 pub(crate) fn transpose(
+    dst: &mut [f32],
+    dst_rs: usize,
+    src: &[f32],
+    src_rs: usize,
+    rows: usize,
+    cols: usize,
+) {
+    transpose_with(cpu_simd(), dst, dst_rs, src, src_rs, rows, cols);
+}
+
+/// [`transpose`] with the kernels of `simd` (at most [`cpu_simd`]).
+fn transpose_with(
+    simd: Simd,
     dst: &mut [f32],
     dst_rs: usize,
     src: &[f32],
@@ -23,28 +38,37 @@ pub(crate) fn transpose(
         (cols - 1) * dst_rs + rows <= dst.len(),
         "transpose: destination out of bounds"
     );
-    let (full_r, full_c) = (rows / 8 * 8, cols / 8 * 8);
+    // Square blocks in registers: 16×16 with AVX-512, 8×8 with AVX2 (also for what the 16×16
+    // blocks leave), elements one by one at the edges.
+    debug_assert!(simd <= cpu_simd());
+    // The blocks so far cover rows 0..covered.0 and columns 0..covered.1.
+    let mut covered = (0, 0);
     #[cfg(target_arch = "x86_64")]
-    let blocked = std::arch::is_x86_feature_detected!("avx2");
-    #[cfg(not(target_arch = "x86_64"))]
-    let blocked = false;
-    if blocked {
-        for r in (0..full_r).step_by(8) {
-            for c in (0..full_c).step_by(8) {
-                // SAFETY: AVX2 is available (checked above); the 8×8 block at (r, c) lies inside
-                // both slices (the bounds asserted above, r + 8 <= rows and c + 8 <= cols), and
-                // `dst` is borrowed mutably, so it does not overlap `src`.
-                #[cfg(target_arch = "x86_64")]
+    for (size, level) in [(16, Simd::Avx512), (8, Simd::Avx2)] {
+        if simd < level {
+            continue;
+        }
+        let (full_r, full_c) = (rows / size * size, cols / size * size);
+        for r in (0..full_r).step_by(size) {
+            for c in (0..full_c).step_by(size) {
+                if r < covered.0 && c < covered.1 {
+                    continue;
+                }
+                // SAFETY: the level is available (checked above); the block at (r, c) lies
+                // inside both slices (the bounds asserted above, r + size <= rows and
+                // c + size <= cols), and `dst` is borrowed mutably, so it does not overlap `src`.
                 unsafe {
-                    avx2::block8(
-                        dst.as_mut_ptr().add(c * dst_rs + r),
-                        dst_rs,
-                        src.as_ptr().add(r * src_rs + c),
-                        src_rs,
-                    )
-                };
+                    let d = dst.as_mut_ptr().add(c * dst_rs + r);
+                    let s = src.as_ptr().add(r * src_rs + c);
+                    if size == 16 {
+                        avx512::block16(d, dst_rs, s, src_rs);
+                    } else {
+                        avx2::block8(d, dst_rs, s, src_rs);
+                    }
+                }
             }
         }
+        covered = (full_r, full_c);
     }
     let scalar = |dst: &mut [f32], rs: std::ops::Range<usize>, cs: std::ops::Range<usize>| {
         for r in rs {
@@ -53,12 +77,8 @@ pub(crate) fn transpose(
             }
         }
     };
-    if blocked {
-        scalar(dst, 0..full_r, full_c..cols);
-        scalar(dst, full_r..rows, 0..cols);
-    } else {
-        scalar(dst, 0..rows, 0..cols);
-    }
+    scalar(dst, 0..covered.0, covered.1..cols);
+    scalar(dst, covered.0..rows, 0..cols);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -109,6 +129,60 @@ mod avx2 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// Transposes the 16×16 block at `src` (row stride `src_rs`) into `dst` (row stride
+    /// `dst_rs`): 4×4 transposes inside each 128-bit lane, then a 4×4 transpose of the lanes.
+    ///
+    /// # Safety
+    /// AVX-512F must be available; 16 rows of 16 elements must be readable at `src` and writable
+    /// at `dst` with their strides, and the two must not overlap.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn block16(dst: *mut f32, dst_rs: usize, src: *const f32, src_rs: usize) {
+        // SAFETY: rows 0..16 of the source block are readable (caller's contract).
+        let r: [__m512; 16] =
+            std::array::from_fn(|i| unsafe { _mm512_loadu_ps(src.add(i * src_rs)) });
+        // t: pairs of rows interleaved; u[4g + k]: in 128-bit lane j, column 4j + k of rows
+        // 4g..4g + 4.
+        let t: [__m512; 16] = std::array::from_fn(|i| {
+            let (a, b) = (r[i & !1], r[i | 1]);
+            if i % 2 == 0 {
+                _mm512_unpacklo_ps(a, b)
+            } else {
+                _mm512_unpackhi_ps(a, b)
+            }
+        });
+        let u: [__m512; 16] = std::array::from_fn(|i| {
+            let (g, k) = (i / 4, i % 4);
+            let (a, b) = (t[4 * g + k / 2], t[4 * g + 2 + k / 2]);
+            if k % 2 == 0 {
+                _mm512_shuffle_ps::<0x44>(a, b)
+            } else {
+                _mm512_shuffle_ps::<0xEE>(a, b)
+            }
+        });
+        for k in 0..4 {
+            let v0 = _mm512_shuffle_f32x4::<0x44>(u[k], u[4 + k]);
+            let v1 = _mm512_shuffle_f32x4::<0xEE>(u[k], u[4 + k]);
+            let v2 = _mm512_shuffle_f32x4::<0x44>(u[8 + k], u[12 + k]);
+            let v3 = _mm512_shuffle_f32x4::<0xEE>(u[8 + k], u[12 + k]);
+            let out = [
+                _mm512_shuffle_f32x4::<0x88>(v0, v2),
+                _mm512_shuffle_f32x4::<0xDD>(v0, v2),
+                _mm512_shuffle_f32x4::<0x88>(v1, v3),
+                _mm512_shuffle_f32x4::<0xDD>(v1, v3),
+            ];
+            for (j, v) in out.into_iter().enumerate() {
+                // SAFETY: row 4j + k < 16 of the destination block is writable (caller's
+                // contract).
+                unsafe { _mm512_storeu_ps(dst.add((4 * j + k) * dst_rs), v) };
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,18 +197,27 @@ mod tests {
             (16, 1),
             (3, 17),
             (64, 16),
+            (16, 16),
+            (32, 48),
+            (40, 24),
+            (17, 33),
         ] {
             let (src_rs, dst_rs) = (cols + 5, rows + 3);
             let src: Vec<f32> = (0..rows * src_rs).map(|i| i as f32).collect();
-            let mut dst = vec![f32::NAN; cols * dst_rs];
-            transpose(&mut dst, dst_rs, &src, src_rs, rows, cols);
-            for r in 0..rows {
-                for c in 0..cols {
-                    assert_eq!(
-                        dst[c * dst_rs + r],
-                        src[r * src_rs + c],
-                        "{rows}×{cols} ({r},{c})"
-                    );
+            for simd in [Simd::Portable, Simd::Avx2, Simd::Avx512] {
+                if simd > cpu_simd() {
+                    continue;
+                }
+                let mut dst = vec![f32::NAN; cols * dst_rs];
+                transpose_with(simd, &mut dst, dst_rs, &src, src_rs, rows, cols);
+                for r in 0..rows {
+                    for c in 0..cols {
+                        assert_eq!(
+                            dst[c * dst_rs + r],
+                            src[r * src_rs + c],
+                            "{simd} {rows}×{cols} ({r},{c})"
+                        );
+                    }
                 }
             }
         }
