@@ -29,7 +29,7 @@ use super::backward::{Inputs, Layouts};
 use super::bias_grad::{BiasGrad, TileFold};
 use super::exp::exp2_shifted_sum;
 use super::matmul::Write;
-use super::microkernel::{PANEL, PanelStrides, panel_product};
+use super::microkernel::{PANEL, PairOffsets, PanelStrides, panels_product};
 use super::transpose::transpose;
 use crate::mask::Mask;
 use crate::problem::{BiasLayout, Problem, RowLayout};
@@ -152,8 +152,20 @@ fn product(
         b_rs: b.rs,
         c_rs: c.rs,
     };
-    for c0 in (0..cols).step_by(PANEL) {
-        panel_product(&mut c.data[c0..], a.data, &b.data[c0..], rows, k, st, write);
+    // Two panels at a time (each broadcast of A feeds both), one for an odd last panel.
+    let pair = PairOffsets { b: PANEL, c: PANEL };
+    for c0 in (0..cols).step_by(2 * PANEL) {
+        let both = (c0 + 2 * PANEL <= cols).then_some(pair);
+        panels_product(
+            &mut c.data[c0..],
+            a.data,
+            &b.data[c0..],
+            rows,
+            k,
+            st,
+            both,
+            write,
+        );
     }
 }
 

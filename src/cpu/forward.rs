@@ -218,7 +218,9 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             if pair.start + w >= pair.end {
                 return 0..0;
             }
-            let keys = self.mask.key_range_for_rows(self.panel_queries(pair.start + w));
+            let keys = self
+                .mask
+                .key_range_for_rows(self.panel_queries(pair.start + w));
             keys.start.max(block.start)..keys.end.min(block.end)
         });
         let visible = seen.iter().filter(|r| !r.is_empty());
@@ -462,13 +464,13 @@ mod tests {
     #[test]
     fn pieces_cover_each_panel_exactly_once() {
         let cases = [
-            [0..32, 0..48],    // causal diagonal
-            [10..40, 26..56],  // sliding window
-            [0..256, 0..256],  // full
-            [0..8, 100..120],  // disjoint
-            [5..9, 0..0],      // one panel
-            [0..0, 3..7],      // first panel sees nothing
-            [20..30, 0..64],   // nested
+            [0..32, 0..48],   // causal diagonal
+            [10..40, 26..56], // sliding window
+            [0..256, 0..256], // full
+            [0..8, 100..120], // disjoint
+            [5..9, 0..0],     // one panel
+            [0..0, 3..7],     // first panel sees nothing
+            [20..30, 0..64],  // nested
         ];
         for seen in cases {
             let got = cover(&pieces(&seen));

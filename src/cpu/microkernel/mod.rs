@@ -85,7 +85,8 @@ pub(crate) fn panel_product(
 }
 
 /// [`panel_product`] on two panels at once when `pair` is given: panel `w` of B starts at
-/// `b[w·pair.b..]` and of C at `c[w·pair.c..]` (the two C panels must not overlap); returns
+/// `b[w·pair.b..]` and of C at `c[w·pair.c..]` (the two C panels must not overlap: one after
+/// the other, or side by side in the same rows); returns
 /// each panel's maxima (−∞ for the second when there is none).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn panels_product(
@@ -143,10 +144,11 @@ fn product<const W: usize>(
         );
     }
     if W == 2 {
-        assert!(
-            pair.c >= (rows - 1) * st.c_rs + PANEL,
-            "panel product: the two C panels overlap"
-        );
+        // The second panel starts after the first one's last row, or sits beside it in the
+        // same rows (within each row's stride).
+        let after = pair.c >= (rows - 1) * st.c_rs + PANEL;
+        let beside = pair.c >= PANEL && pair.c + PANEL <= st.c_rs;
+        assert!(after || beside, "panel product: the two C panels overlap");
     }
     if k == 0 {
         for (w, max) in col_max.iter_mut().enumerate() {

@@ -118,6 +118,38 @@ fn public_entry_points_agree_with_each_other() {
 }
 
 #[test]
+fn side_by_side_panels_match_one_at_a_time() {
+    // The backward's layout: C, B `rows × 32` row-major, panel 1 in columns 16..32.
+    let (rows, k) = (29, 11);
+    let st = PanelStrides {
+        a_rs: 1,
+        a_cs: rows,
+        b_rs: 2 * PANEL,
+        c_rs: 2 * PANEL,
+    };
+    let a: Vec<f32> = (0..rows * k).map(|i| (i as f32 * 0.3).sin()).collect();
+    let b: Vec<f32> = (0..k * 2 * PANEL).map(|i| (i as f32 * 0.7).cos()).collect();
+    let pair = PairOffsets { b: PANEL, c: PANEL };
+    let mut both = vec![0.5; rows * 2 * PANEL];
+    let mut one = both.clone();
+    panels_product(
+        &mut both,
+        &a,
+        &b,
+        rows,
+        k,
+        st,
+        Some(pair),
+        Write::Accumulate,
+    );
+    for w in 0..2 {
+        let s = w * PANEL;
+        panel_product(&mut one[s..], &a, &b[s..], rows, k, st, Write::Accumulate);
+    }
+    assert_eq!(both, one);
+}
+
+#[test]
 #[should_panic(expected = "overlap")]
 fn overlapping_pair_panels_are_refused() {
     let st = PanelStrides {

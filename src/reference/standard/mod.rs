@@ -34,7 +34,8 @@ use score_matrix::{
 /// Bytes [`forward`] allocates beyond its inputs and output for problem `p`. On a GPU: contiguous
 /// copies of q, k, v and the output and the score matrix, in the input dtype. On the CPU (contiguous
 /// inputs): the `[batch, heads, seqlen_q, seqlen_k]` score matrix in f32, and two f32 working
-/// copies each of q, k, v and the output (widened buffers, per-head rows). Saturates at
+/// copies each of q, k, v and the output (widened buffers, per-head rows), and the `gemm`
+/// crate's packing buffers ([`GEMM_WORKSPACE_BYTES`] per worker thread). Saturates at
 /// `usize::MAX`.
 pub fn forward_extra_memory_bytes(p: &Problem) -> usize {
     #[cfg(feature = "cuda")]
@@ -50,12 +51,23 @@ pub fn forward_extra_memory_bytes(p: &Problem) -> usize {
                 .saturating_mul(2),
         )
         .saturating_mul(4)
+        .saturating_add(gemm_workspace())
+}
+
+/// What the `gemm` crate may allocate per thread on its first product there: a buffer the size
+/// of the L2 cache (1 MiB on the machines measured) kept for the thread's life, and the packed
+/// operands of a product; 4 MiB covers both.
+pub const GEMM_WORKSPACE_BYTES: usize = 4 << 20;
+
+fn gemm_workspace() -> usize {
+    rayon::current_num_threads().saturating_mul(GEMM_WORKSPACE_BYTES)
 }
 
 /// Bytes [`backward`] allocates beyond its inputs and gradients for problem `p` (contiguous
 /// inputs): `P` and `dS` of every (sequence, head) in f32, two f32 working copies each of q, k,
-/// v and dout, and two of the gradients; with a softcap, add one `seqlen_q × seqlen_k` f32
-/// scratch per worker thread. Saturates at `usize::MAX`.
+/// v and dout, and two of the gradients, and the `gemm` crate's packing buffers; with a
+/// softcap, add one `seqlen_q × seqlen_k` f32 scratch per worker thread. Saturates at
+/// `usize::MAX`.
 pub fn backward_extra_memory_bytes(p: &Problem) -> usize {
     let [q, k, v, o] = operand_elements(p);
     let inputs = q.saturating_add(k).saturating_add(v).saturating_add(o);
@@ -64,6 +76,7 @@ pub fn backward_extra_memory_bytes(p: &Problem) -> usize {
         .saturating_mul(2)
         .saturating_add(inputs.saturating_add(grads).saturating_mul(2))
         .saturating_mul(4)
+        .saturating_add(gemm_workspace())
 }
 
 /// Elements of one `[batch, heads, nq, nk]` matrix (per-sequence lengths with varlen), saturating.
