@@ -8,7 +8,7 @@ use super::{Block, ColMax, PanelStrides};
 /// Rows of C per register block.
 const MR: usize = 6;
 
-/// One panel's product (see [`super::panel_product`]), in blocks of 6 rows, with two to five
+/// One panel's product (see [`super::panels_product`]), in blocks of 6 rows, with two to five
 /// blocks of 5 instead of one short block at the end (a 4-row block has too few accumulators
 /// to hide the FMA latency).
 ///

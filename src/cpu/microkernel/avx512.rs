@@ -6,7 +6,8 @@
 //!   `base[g] + j·a_rs`, four rows to a pointer, the rest carried by the address modes;
 //! * columns contiguous (`a_rs == 1`, Vᵀ in `Oᵀ += Vᵀ·Pᵀ`): the `R` values of step `l` sit
 //!   side by side, one pointer;
-//! * any strides (no caller of the forward or backward uses it today; kept for completeness).
+//! * any strides (the same kernel as the columns' with the row stride read at run time; for
+//!   the last rows of a rows-contiguous product, and no other caller today).
 
 use std::arch::x86_64::*;
 
@@ -18,8 +19,8 @@ type Kernel<const W: usize> = unsafe fn(Block, usize, &mut [ColMax; W]);
 
 /// Lists the instances of a kernel for the row counts given.
 macro_rules! kernels {
-    ($f:ident, $w:ident, [$($r:literal),*]) => {
-        [$($f::<$r, $w> as Kernel<$w>),*]
+    ($f:ident, $w:ident, $unit:literal, [$($r:literal),*]) => {
+        [$($f::<$r, $w, $unit> as Kernel<$w>),*]
     };
 }
 
@@ -55,11 +56,17 @@ pub(super) unsafe fn product<const W: usize>(x: Block, rows: usize, col_max: &mu
     let cols: [Kernel<W>; 24] = kernels!(
         block_cols,
         W,
+        true,
         [
             1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24
         ]
     );
-    let any: [Kernel<W>; 12] = kernels!(block_any, W, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+    let any: [Kernel<W>; 12] = kernels!(
+        block_cols,
+        W,
+        false,
+        [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    );
     let quads: [Kernel<W>; 6] = [
         block_rows::<4, 1, W>,
         block_rows::<8, 2, W>,
@@ -165,17 +172,19 @@ unsafe fn block_rows<const R: usize, const G: usize, const W: usize>(
     }
 }
 
-/// Columns contiguous in A (`a_rs == 1`): step `l` reads `a + l·a_cs + r`, r < R.
+/// Step `l` reads `a + l·a_cs + r·a_rs`, r < R: columns contiguous in A (`a_rs == 1`, told
+/// by `UNIT` so that the offsets are constants), or any strides.
 ///
 /// # Safety
-/// As for [`block_rows`], with `a + r + l·a_cs` valid instead.
+/// As for [`block_rows`], with `a + r·a_rs + l·a_cs` valid instead.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn block_cols<const R: usize, const W: usize>(
+unsafe fn block_cols<const R: usize, const W: usize, const UNIT: bool>(
     mut x: Block,
     blocks: usize,
     col_max: &mut [ColMax; W],
 ) {
+    let a_rs = if UNIT { 1 } else { x.st.a_rs };
     for _ in 0..blocks {
         let mut acc = [[_mm512_setzero_ps(); W]; R];
         let (mut al, mut bl) = (x.a, x.b);
@@ -184,47 +193,13 @@ unsafe fn block_cols<const R: usize, const W: usize>(
             unsafe {
                 let bv = load_panels::<W>(bl, x.pair.b);
                 for (r, acc) in acc.iter_mut().enumerate() {
-                    let xv = _mm512_set1_ps(*al.add(r));
+                    let xv = _mm512_set1_ps(*al.add(r * a_rs));
                     for w in 0..W {
                         acc[w] = _mm512_fmadd_ps(xv, bv[w], acc[w]);
                     }
                 }
                 al = al.add(x.st.a_cs);
                 bl = bl.add(x.st.b_rs);
-            }
-        }
-        // SAFETY: the block's rows of C are writable (caller's contract); `col_max` holds W
-        // panels of 16 f32.
-        unsafe { store!(x, acc, col_max) };
-        // The next block (wrapping: past the last block these point nowhere and are not read).
-        x.a = x.a.wrapping_add(R * x.st.a_rs);
-        x.c = x.c.wrapping_add(R * x.st.c_rs);
-    }
-}
-
-/// Any strides: `a + r·a_rs + l·a_cs`.
-///
-/// # Safety
-/// As for [`block_rows`], with `a + r·a_rs + l·a_cs` valid instead.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn block_any<const R: usize, const W: usize>(
-    mut x: Block,
-    blocks: usize,
-    col_max: &mut [ColMax; W],
-) {
-    for _ in 0..blocks {
-        let mut acc = [[_mm512_setzero_ps(); W]; R];
-        for l in 0..x.k {
-            // SAFETY: l < k: row l of B and column l of A's rows are valid (caller's contract).
-            unsafe {
-                let bv = load_panels::<W>(x.b.add(l * x.st.b_rs), x.pair.b);
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    let xv = _mm512_set1_ps(*x.a.add(r * x.st.a_rs + l * x.st.a_cs));
-                    for w in 0..W {
-                        acc[w] = _mm512_fmadd_ps(xv, bv[w], acc[w]);
-                    }
-                }
             }
         }
         // SAFETY: the block's rows of C are writable (caller's contract); `col_max` holds W

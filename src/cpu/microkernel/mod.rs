@@ -7,7 +7,7 @@
 //!   keeps packed.
 //!
 //! The forward uses it twice per key block: `Sᵀ = K · Qᵀ` (rows: keys, `k`: head dim) and
-//! `Oᵀ += Vᵀ · Pᵀ` (rows: value dims, `k`: keys). [`panels_product`] multiplies the same
+//! `Oᵀ += Vᵀ · Pᵀ` (rows: value dims, `k`: keys). [`panels_product`] can multiply the same
 //! `A` by two panels at once (two `B`s and two `C`s, each a fixed offset from the first), so
 //! each broadcast of `A` feeds two FMAs.
 //!
@@ -57,37 +57,13 @@ pub(crate) struct PairOffsets {
 /// The maxima of each of C's 16 columns.
 pub(crate) type ColMax = [f32; PANEL];
 
-/// `C[rows × 16] (=|+=) A[rows × k] · B[k × 16]` (see the module doc for the layouts); returns
-/// the largest new value of each of C's 16 columns (−∞ when `rows` is 0), taken from the
-/// registers on the way out so the softmax need not read C again.
+/// `C[rows × 16] (=|+=) A[rows × k] · B[k × 16]` (see the module doc for the layouts), on
+/// two panels at once when `pair` is given: panel `w` of B starts at `b[w·pair.b..]` and of C
+/// at `c[w·pair.c..]` (the two C panels must not overlap: one after the other, or side by side
+/// in the same rows). Returns the largest new value of each of C's 16 columns, per panel (−∞
+/// when `rows` is 0, and for the second panel when there is none), taken from the registers
+/// on the way out so the softmax need not read C again.
 /// Panics if an operand reaches outside its slice (an internal bug).
-pub(crate) fn panel_product(
-    c: &mut [f32],
-    a: &[f32],
-    b: &[f32],
-    rows: usize,
-    k: usize,
-    st: PanelStrides,
-    write: Write,
-) -> ColMax {
-    let [max] = product::<1>(
-        cpu_simd(),
-        c,
-        a,
-        b,
-        rows,
-        k,
-        st,
-        PairOffsets::default(),
-        write,
-    );
-    max
-}
-
-/// [`panel_product`] on two panels at once when `pair` is given: panel `w` of B starts at
-/// `b[w·pair.b..]` and of C at `c[w·pair.c..]` (the two C panels must not overlap: one after
-/// the other, or side by side in the same rows); returns
-/// each panel's maxima (−∞ for the second when there is none).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn panels_product(
     c: &mut [f32],
@@ -101,10 +77,11 @@ pub(crate) fn panels_product(
 ) -> [ColMax; 2] {
     match pair {
         Some(pair) => product::<2>(cpu_simd(), c, a, b, rows, k, st, pair, write),
-        None => [
-            panel_product(c, a, b, rows, k, st, write),
-            [f32::NEG_INFINITY; PANEL],
-        ],
+        None => {
+            let one = PairOffsets::default();
+            let [max] = product::<1>(cpu_simd(), c, a, b, rows, k, st, one, write);
+            [max, [f32::NEG_INFINITY; PANEL]]
+        }
     }
 }
 

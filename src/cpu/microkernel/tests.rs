@@ -85,7 +85,7 @@ fn matches_f64_for_every_row_count_layout_and_level() {
 }
 
 #[test]
-fn public_entry_points_agree_with_each_other() {
+fn a_pair_equals_its_panels_one_at_a_time() {
     let (rows, k) = (37, 20);
     let st = PanelStrides {
         a_rs: k,
@@ -103,15 +103,17 @@ fn public_entry_points_agree_with_each_other() {
     let maxes = panels_product(&mut both, &a, &b, rows, k, st, Some(pair), Write::Overwrite);
     for w in 0..2 {
         let mut one = vec![f32::NAN; rows * PANEL];
-        let max = panel_product(
+        let [max, none] = panels_product(
             &mut one,
             &a,
             &b[w * pair.b..],
             rows,
             k,
             st,
+            None,
             Write::Overwrite,
         );
+        assert_eq!(none, [f32::NEG_INFINITY; PANEL]);
         assert_eq!(max, maxes[w]);
         assert_eq!(one[..], both[w * pair.c..(w + 1) * pair.c]);
     }
@@ -144,7 +146,16 @@ fn side_by_side_panels_match_one_at_a_time() {
     );
     for w in 0..2 {
         let s = w * PANEL;
-        panel_product(&mut one[s..], &a, &b[s..], rows, k, st, Write::Accumulate);
+        panels_product(
+            &mut one[s..],
+            &a,
+            &b[s..],
+            rows,
+            k,
+            st,
+            None,
+            Write::Accumulate,
+        );
     }
     assert_eq!(both, one);
 }
@@ -162,52 +173,4 @@ fn overlapping_pair_panels_are_refused() {
     let mut c = vec![0.0; 8 * PANEL];
     let pair = PairOffsets { b: 0, c: 2 * PANEL };
     panels_product(&mut c, &a, &b, 4, 4, st, Some(pair), Write::Overwrite);
-}
-
-#[test]
-#[ignore]
-fn zz_speed() {
-    for (name, rows, k, a_rs, a_cs) in [
-        ("S packed", 256, 64, 64, 1),
-        ("S k256", 256, 256, 256, 1),
-        ("O k64", 64, 64, 1, 64),
-        ("S stride512", 256, 64, 512, 1),
-        ("O packed", 64, 256, 1, 64),
-        ("O stride512", 64, 256, 1, 512),
-    ] {
-        let a: Vec<f32> = (0..(rows * a_rs + k * a_cs))
-            .map(|i| (i as f32 * 0.37).sin())
-            .collect();
-        let b: Vec<f32> = (0..2 * k * 16).map(|i| (i as f32 * 0.11).cos()).collect();
-        let mut c = vec![0f32; 2 * rows * 16];
-        let st = PanelStrides {
-            a_rs,
-            a_cs,
-            b_rs: 16,
-            c_rs: 16,
-        };
-        let pair = Some(PairOffsets {
-            b: k * 16,
-            c: rows * 16,
-        });
-        let reps = 20000;
-        let t = std::time::Instant::now();
-        for _ in 0..reps {
-            std::hint::black_box(panels_product(
-                &mut c,
-                &a,
-                &b,
-                rows,
-                k,
-                st,
-                pair,
-                Write::Accumulate,
-            ));
-        }
-        let s = t.elapsed().as_secs_f64();
-        println!(
-            "{name}: {:.1} GFLOP/s",
-            reps as f64 * 4.0 * (rows * k * 16) as f64 / s / 1e9
-        );
-    }
 }
