@@ -5,7 +5,8 @@
 //! `flashattn::forward` and `flashattn::backward`. FLOPs by the usual count: `4·B·H·N²·D` for the
 //! forward, halved when causal, ×2.5 for the backward; criterion's "elements" are these FLOPs, so
 //! its `thrpt` reads as FLOP/s. The ceiling is a gemm-crate sgemm of 1024×1024×1024 on all
-//! threads. A summary line per configuration gives GFLOP/s and the percentage of the GEMM rate
+//! threads (AVX-512 where the CPU has it: the crate is built with its `x86-v4` feature),
+//! measured before and after the attention runs; the higher rate is used. A summary line per configuration gives GFLOP/s and the percentage of the GEMM rate
 //! three ways: from the fastest of criterion's samples, from the median sample, and from the
 //! process CPU time of all samples (Linux `/proc/self/stat`), counted as if every rayon thread
 //! had a core to itself: on a machine shared with other jobs, wall-clock samples also measure
@@ -150,20 +151,24 @@ fn main() {
     let b: Vec<f32> = (0..n * n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
     let mut out = vec![f32::NAN; n * n];
     let gemm_flops = 2.0 * (n * n * n) as f64;
-    let gemm_samples = Samples::default();
-    {
+    // The ceiling is measured before and after the attention runs, and the higher of the two is
+    // used: the machine's speed drifts over the minutes of a run.
+    let gemm_samples = [Samples::default(), Samples::default()];
+    let mut measure_gemm = |c: &mut Criterion, when: usize| {
         let mut g = c.benchmark_group("gemm");
         g.throughput(Throughput::Elements(gemm_flops as u64));
-        g.bench_function(format!("sgemm_{n}x{n}x{n}"), |bench| {
+        let name = format!("sgemm_{n}x{n}x{n}/{}", ["before", "after"][when]);
+        g.bench_function(name, |bench| {
             bench.iter_custom(|iters| {
-                timed(&gemm_samples, iters, || {
+                timed(&gemm_samples[when], iters, || {
                     sgemm(&mut out, &a, &b, n);
                     black_box(&out);
                 })
             })
         });
         g.finish();
-    }
+    };
+    measure_gemm(&mut c, 0);
 
     for pass in ["forward", "backward"] {
         let mut g = c.benchmark_group(pass);
@@ -223,9 +228,10 @@ fn main() {
         }
         g.finish();
     }
+    measure_gemm(&mut c, 1);
     c.final_summary();
 
-    if gemm_samples.borrow().per_call.is_empty() {
+    if gemm_samples.iter().any(|g| g.borrow().per_call.is_empty()) {
         return;
     }
     let pct = |x: f64, of: f64| 100.0 * x / of;
@@ -233,19 +239,29 @@ fn main() {
         (Some(c), Some(of)) => format!("{c:.1} GFLOP/s {:.1}%", pct(c, of)),
         _ => "n/a".to_string(),
     };
-    let gemm = rates(&gemm_samples, gemm_flops);
+    let [before, after] = [0, 1].map(|i| rates(&gemm_samples[i], gemm_flops));
+    let higher = |x: Option<f64>, y: Option<f64>| x.zip(y).map(|(x, y)| x.max(y));
+    let gemm = (
+        before.0.max(after.0),
+        before.1.max(after.1),
+        higher(before.2, after.2),
+    );
     println!(
-        "\nsummary, this run: GFLOP/s and % of the GEMM rate from the fastest sample \
-         [median sample] {{CPU time, {} threads}}",
+        "\nsummary, this run ({} kernels; the gemm crate's own choice for sgemm): GFLOP/s and % \
+         of the GEMM rate from the fastest sample [median sample] {{CPU time, {} threads}}",
+        flashattn::cpu_simd(),
         rayon::current_num_threads()
     );
-    println!(
-        "  {:<44} {:>7.1} GFLOP/s          [{:.1}] {{{}}}",
-        format!("sgemm {n}x{n}x{n} f32, all threads"),
-        gemm.0,
-        gemm.1,
-        gemm.2.map_or("n/a".into(), |c| format!("{c:.1}"))
-    );
+    for (when, g) in [("before", before), ("after", after)] {
+        println!(
+            "  {:<44} {:>7.1} GFLOP/s          [{:.1}] {{{}}}",
+            format!("sgemm {n}x{n}x{n} f32, all threads, {when}"),
+            g.0,
+            g.1,
+            g.2.map_or("n/a".into(), |c| format!("{c:.1}"))
+        );
+    }
+    println!("  (percentages below are of the higher of the two)");
     for r in &results {
         let x = rates(&r.samples, r.flops);
         println!(

@@ -102,7 +102,7 @@ pub(crate) fn run<T: CpuElement>(
     lse: &mut [f32],
 ) {
     let tiles = forward_tiles(p.head_dim, p.head_dim_v);
-    let tasks: Vec<Task> = (0..p.batch)
+    let mut tasks: Vec<Task> = (0..p.batch)
         .flat_map(|b| {
             let blocks = p.seqs[b].nq.div_ceil(tiles.block_q);
             (0..p.heads_q).flat_map(move |h| {
@@ -114,6 +114,12 @@ pub(crate) fn run<T: CpuElement>(
             })
         })
         .collect();
+    // Longest first (by the keys their rows see): with causal or windowed masks the tasks
+    // differ in size, and a long task started last would leave the other threads idle.
+    tasks.sort_by_cached_key(|t| {
+        let rows = t.q0..(t.q0 + tiles.block_q).min(p.seqs[t.b].nq);
+        std::cmp::Reverse(p.mask(t.b).key_range_for_rows(rows).len())
+    });
     let lse_out = SharedOut::new(lse, Default::default());
     tasks
         .par_iter()
