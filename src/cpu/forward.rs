@@ -3,17 +3,19 @@
 //! One rayon task per (sequence, query head, block of `block_q` queries) owns those rows of the
 //! output. It packs its queries once as `Qᵀ` panels (`d × 16`, f32, times `scale · log2(e)` so
 //! the softmax runs in base 2), then walks only the key blocks its rows can see
-//! (`Mask::key_range_for_rows`). Per key block and panel:
+//! (`Mask::key_range_for_rows`). Per key block and pair of panels:
 //!
 //! ```text
-//! Sᵀ  = K · Qᵀ            keys × 16       microkernel, K rows read in place
+//! Sᵀ  = K · Qᵀ            keys × 16 (×2)  microkernel, K rows read in place
 //!       (softcap, ALiBi, bias; mask)      only where needed
 //! Pᵀ  = online softmax     per lane        rescales Oᵀ when a maximum moves
-//! Oᵀ += Vᵀ · Pᵀ            dv × 16         microkernel, V rows read in place
+//! Oᵀ += Vᵀ · Pᵀ            dv × 16 (×2)    microkernel, V rows read in place
 //! ```
 //!
-//! A panel multiplies only the keys of the block it can see, so a causal diagonal block costs
-//! about 8 wasted keys per row, and only panels crossing the mask boundary mask per element.
+//! The two panels of a pair share each broadcast of K and V (the microkernel's 12×2 register
+//! blocks; see `microkernel`). Keys both panels see are multiplied once for both, keys only one
+//! sees for that one, so a causal diagonal block costs about 8 wasted keys per row, and only
+//! panels crossing the mask boundary mask per element. Tasks run longest first.
 //! f16/bf16 key blocks are converted to f32 once per block; f32 K/V rows are read in place
 //! unless their stride would make a block alias in L1 (`aliases_in_l1`).
 //!
@@ -405,9 +407,13 @@ fn pieces(seen: &[Range<usize>; 2]) -> [Option<Piece>; 5] {
 /// True when rows `stride` f32 apart all fall into the same few sets of the L1 data cache (64
 /// sets of 64 bytes: a 4 KiB period), so a key block read in place keeps evicting itself.
 ///
-/// Measured on the 2-core AVX2 VM (2026-11-22), f32 forward, D=64, `[B, N, H, D]` (row stride
-/// H·D), GFLOP per CPU-second, K/V read in place vs copied per block: H=4 (1 KiB) 220 vs 204,
-/// H=8 (2 KiB) 213 vs 200, H=16 (4 KiB) 165 vs 191, H=32 (8 KiB) 172 vs 191.
+/// Measured on the 2-core Zen 5 VM (2026-11-22, AVX2 kernels), f32 forward, D=64,
+/// `[B, N, H, D]` (row stride H·D), GFLOP per CPU-second, K/V read in place vs copied per
+/// block: H=4 (1 KiB) 220 vs 204, H=8 (2 KiB) 213 vs 200, H=16 (4 KiB) 165 vs 191, H=32
+/// (8 KiB) 172 vs 191. With the AVX-512 kernels (2026-11-23, H=8): copying both K and V cost
+/// 3-5 points of the GEMM rate, copying K alone (even with block_q 256) gained nothing,
+/// although a 2 KiB stride alone makes `Sᵀ = K·Qᵀ` 5% slower than a packed K in a cache-hot
+/// test (the copy's first touch of each row costs as much).
 fn aliases_in_l1(stride: usize) -> bool {
     stride > 0 && (stride * std::mem::size_of::<f32>()).is_multiple_of(4096)
 }
