@@ -103,7 +103,7 @@ pub(crate) fn run<T: CpuElement>(
     out: SharedOut<'_, T>,
     lse: &mut [f32],
 ) {
-    let tiles = forward_tiles(p.head_dim, p.head_dim_v);
+    let tiles = forward_tiles(p.head_dim, p.head_dim_v, p.max_nk, p.k.row.max(p.v.row));
     let mut tasks: Vec<Task> = (0..p.batch)
         .flat_map(|b| {
             let blocks = p.seqs[b].nq.div_ceil(tiles.block_q);
@@ -343,25 +343,32 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         scale_lanes(&mut sc.panels.qt, &[scale; LANES]);
     }
 
-    /// K and V rows of the key block `keys` as f32: in place for f32 (unless their stride makes
-    /// them alias in L1, see [`aliases_in_l1`]), converted or copied into `kv` otherwise.
+    /// K and V rows of the key block `keys` as f32: in place for f32 (unless the tiles pack them
+    /// or their stride makes them alias in L1, see [`aliases_in_l1`]), converted or copied into
+    /// `kv` otherwise.
     fn key_block<'s>(
         &'s self,
         kv: &'s mut KeyBlock,
         keys: Range<usize>,
     ) -> (KeyRows<'s>, KeyRows<'s>) {
         let (p, b, hk) = (self.p, self.b, self.hk);
+        let pack = self.tiles.pack_kv;
         let k = key_rows(
             &mut kv.k,
             self.x.k,
-            p.k.row,
+            (p.k.row, pack),
             p.head_dim,
             keys.clone(),
             |j| p.k_at(b, j, hk),
         );
-        let v = key_rows(&mut kv.v, self.x.v, p.v.row, p.head_dim_v, keys, |j| {
-            p.v_at(b, j, hk)
-        });
+        let v = key_rows(
+            &mut kv.v,
+            self.x.v,
+            (p.v.row, pack),
+            p.head_dim_v,
+            keys,
+            |j| p.v_at(b, j, hk),
+        );
         (k, v)
     }
 }
@@ -419,17 +426,18 @@ fn aliases_in_l1(stride: usize) -> bool {
 }
 
 /// Rows `keys` of K or V (`width` values each, row `j` at `at(j)` in `src`, rows `stride` apart)
-/// as f32: `src` itself when it is f32 and its stride does not alias in L1, else widened or
-/// copied into `buf`.
+/// as f32: `src` itself when it is f32, not to be packed and its stride does not alias in L1,
+/// else widened or copied into `buf`.
 fn key_rows<'s, T: CpuElement>(
     buf: &'s mut Vec<f32>,
     src: &'s [T],
-    stride: usize,
+    (stride, pack): (usize, bool),
     width: usize,
     keys: Range<usize>,
     at: impl Fn(usize) -> usize,
 ) -> KeyRows<'s> {
     if let Some(data) = T::as_f32_slice(src)
+        && !pack
         && !aliases_in_l1(stride)
     {
         return KeyRows {
