@@ -27,7 +27,7 @@ use rayon::prelude::*;
 
 use super::SharedOut;
 use super::exp::LANES;
-use super::lanes::scale_lanes;
+use super::lanes::{lane_max, scale_lanes};
 use super::matmul::Write;
 use super::microkernel::{PairOffsets, PanelStrides, panels_product};
 use super::online_softmax::PanelSoftmax;
@@ -212,7 +212,9 @@ impl<T: CpuElement> TaskCtx<'_, T> {
     /// Folds key block `block` into panels `pair` (one or two): `Sᵀ = K·Qᵀ`, score options and
     /// mask, the online softmax of each panel, then `Oᵀ += Vᵀ·Pᵀ`. Keys both panels see are
     /// multiplied for both at once; keys only one sees (the ends of a causal or window
-    /// diagonal), for that one alone. Scores a panel does not compute are masked.
+    /// diagonal), for that one alone. Each panel's softmax and `Vᵀ·Pᵀ` cover only the keys it
+    /// sees; the mask touches only its partly visible rows, and the maxima of the other rows
+    /// come from the products' registers.
     fn panel_pair(
         &self,
         sc: &mut Panels,
@@ -222,14 +224,26 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         v_rows: KeyRows<'_>,
     ) {
         let (d, dv) = (self.p.head_dim, self.p.head_dim_v);
-        let seen: [Range<usize>; 2] = std::array::from_fn(|w| {
+        let clip = |keys: Range<usize>| keys.start.max(block.start)..keys.end.min(block.end);
+        let queries: [Range<usize>; 2] = std::array::from_fn(|w| {
             if pair.start + w >= pair.end {
                 return 0..0;
             }
-            let keys = self
-                .mask
-                .key_range_for_rows(self.panel_queries(pair.start + w));
-            keys.start.max(block.start)..keys.end.min(block.end)
+            self.panel_queries(pair.start + w)
+        });
+        let seen = queries
+            .clone()
+            .map(|q| clip(self.mask.key_range_for_rows(q)));
+        // Keys every query of a panel sees: from the last query's first key to the first
+        // query's last (empty when the edges cross).
+        let full = std::array::from_fn(|w| {
+            let q = &queries[w];
+            if q.is_empty() {
+                return 0..0;
+            }
+            let keys = self.mask.key_range(q.end - 1).start..self.mask.key_range(q.start).end;
+            let lo = keys.start.max(seen[w].start);
+            lo..keys.end.min(seen[w].end).max(lo)
         });
         let visible = seen.iter().filter(|r| !r.is_empty());
         let Some(start) = visible.clone().map(|r| r.start).min() else {
@@ -237,12 +251,13 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         };
         let end = visible.map(|r| r.end).max().unwrap_or(start);
         // The rows of both score panels: every key either panel sees.
-        let sub = start..end;
-        let n = sub.len();
+        let n = end - start;
         let st = &mut sc.st[..pair.len() * n * LANES];
         let qt = &sc.qt[pair.start * d * LANES..pair.end * d * LANES];
         let ot = &mut sc.ot[pair.start * dv * LANES..pair.end * dv * LANES];
-        let pieces = pieces(&seen);
+        let pieces = pieces(&seen, &full);
+        // Per panel: the maximum of the scores the products gave exactly (rows every query of
+        // the panel sees); rows of pieces that reach past `full` are maxed after the mask.
         let mut maxima = [[f32::NEG_INFINITY; LANES]; 2];
         for piece in pieces.iter().flatten() {
             let (w, keys) = (piece.first, &piece.keys);
@@ -265,25 +280,42 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                 }),
                 Write::Overwrite,
             );
-            for (m, p) in maxima[w..].iter_mut().zip(piece_max) {
-                for (m, p) in m.iter_mut().zip(p) {
-                    *m = m.max(p);
+            for (w, p) in piece.panels().zip(piece_max) {
+                if contains(&full[w], keys) {
+                    for (m, p) in maxima[w].iter_mut().zip(p) {
+                        *m = m.max(p);
+                    }
                 }
             }
         }
         for (w, panel) in pair.clone().enumerate() {
-            let queries = self.panel_queries(panel);
-            let st = &mut st[w * n * LANES..(w + 1) * n * LANES];
-            // The maximum from the products is exact only when nothing changes the scores.
+            let keys = seen[w].clone();
+            if keys.is_empty() {
+                continue;
+            }
+            let q = &queries[w];
+            let rows = (keys.start - start)..(keys.end - start);
+            let st = &mut st[(w * n + rows.start) * LANES..(w * n + rows.end) * LANES];
             let mut tile_max = Some(maxima[w]);
             if self.mods.any() {
-                self.mods
-                    .apply(st, queries.start, queries.len(), sub.clone());
+                self.mods.apply(st, q.start, q.len(), keys.clone());
                 tile_max = None;
             }
-            if !self.mask.tile_is_full(queries.clone(), sub.clone()) {
-                apply_mask(&self.mask, st, queries.start, queries.len(), sub.clone());
-                tile_max = None;
+            if full[w] != keys {
+                apply_mask(&self.mask, st, q.start, q.len(), keys.clone());
+            }
+            if let Some(m) = tile_max.as_mut() {
+                let partial = pieces
+                    .iter()
+                    .flatten()
+                    .filter(|p| p.panels().any(|x| x == w) && !contains(&full[w], &p.keys));
+                for piece in partial {
+                    let r = piece.keys.start - keys.start..piece.keys.end - keys.start;
+                    let pm = lane_max(&st[r.start * LANES..r.end * LANES]);
+                    for (m, p) in m.iter_mut().zip(pm) {
+                        *m = m.max(p);
+                    }
+                }
             }
             let ot = &mut ot[w * dv * LANES..(w + 1) * dv * LANES];
             sc.softmax[panel].update(st, tile_max, ot);
@@ -382,31 +414,44 @@ struct Piece {
     both: bool,
 }
 
+impl Piece {
+    /// The panels (0, 1 or both) the piece is multiplied by.
+    fn panels(&self) -> Range<usize> {
+        self.first..self.first + 1 + usize::from(self.both)
+    }
+}
+
+/// True when `inner` lies within `outer` (an empty `inner` always does).
+fn contains(outer: &Range<usize>, inner: &Range<usize>) -> bool {
+    inner.is_empty() || (outer.start <= inner.start && inner.end <= outer.end)
+}
+
 /// The keys each panel of a pair sees (`seen`, empty for a missing panel), cut into pieces:
-/// the keys both see, once for both, then what only one sees, for that one (at most five).
-fn pieces(seen: &[Range<usize>; 2]) -> [Option<Piece>; 5] {
-    let mut out: [Option<Piece>; 5] = Default::default();
-    let one = |first, keys: Range<usize>| {
-        (!keys.is_empty()).then_some(Piece {
-            keys,
-            first,
-            both: false,
-        })
-    };
+/// the keys both see, once for both, then what only one sees, for that one (at most seven).
+/// The keys both see are cut again where they leave `full` (the keys every query of a panel
+/// sees) of either panel, so that a piece's maximum is exact for a panel or not at all.
+fn pieces(seen: &[Range<usize>; 2], full: &[Range<usize>; 2]) -> [Option<Piece>; 7] {
+    let mut out: [Option<Piece>; 7] = Default::default();
+    let piece =
+        |first, keys: Range<usize>, both| (!keys.is_empty()).then_some(Piece { keys, first, both });
     let common = seen[0].start.max(seen[1].start)..seen[0].end.min(seen[1].end);
     if seen.iter().any(|r| r.is_empty()) || common.is_empty() {
-        out[0] = one(0, seen[0].clone());
-        out[1] = one(1, seen[1].clone());
+        out[0] = piece(0, seen[0].clone(), false);
+        out[1] = piece(1, seen[1].clone(), false);
         return out;
     }
-    out[0] = Some(Piece {
-        keys: common.clone(),
-        first: 0,
-        both: true,
-    });
+    let core = full[0].start.max(full[1].start).max(common.start)
+        ..full[0].end.min(full[1].end).min(common.end);
+    if core.is_empty() {
+        out[0] = piece(0, common.clone(), true);
+    } else {
+        out[0] = piece(0, common.start..core.start, true);
+        out[1] = piece(0, core.clone(), true);
+        out[2] = piece(0, core.end..common.end, true);
+    }
     for (w, keys) in seen.iter().enumerate() {
-        out[1 + 2 * w] = one(w, keys.start..common.start);
-        out[2 + 2 * w] = one(w, common.end..keys.end);
+        out[3 + 2 * w] = piece(w, keys.start..common.start, false);
+        out[4 + 2 * w] = piece(w, common.end..keys.end, false);
     }
     out
 }
@@ -463,7 +508,7 @@ mod tests {
     use super::*;
 
     /// The keys each panel gets from its pieces, and whether any key is multiplied twice.
-    fn cover(pieces: &[Option<Piece>; 5]) -> [Vec<usize>; 2] {
+    fn cover(pieces: &[Option<Piece>; 7]) -> [Vec<usize>; 2] {
         let mut keys: [Vec<usize>; 2] = Default::default();
         for p in pieces.iter().flatten() {
             assert!(!p.keys.is_empty());
@@ -484,22 +529,41 @@ mod tests {
     #[test]
     fn pieces_cover_each_panel_exactly_once() {
         let cases = [
-            [0..32, 0..48],   // causal diagonal
-            [10..40, 26..56], // sliding window
-            [0..256, 0..256], // full
-            [0..8, 100..120], // disjoint
-            [5..9, 0..0],     // one panel
-            [0..0, 3..7],     // first panel sees nothing
-            [20..30, 0..64],  // nested
+            // (seen, full): causal diagonal, sliding window, full, disjoint, one panel, the
+            // first panel seeing nothing, nested.
+            ([0..32, 0..48], [0..17, 0..33]),
+            ([10..40, 26..56], [25..41, 41..41]),
+            ([0..256, 0..256], [0..256, 0..256]),
+            ([0..8, 100..120], [0..8, 100..120]),
+            ([5..9, 0..0], [5..9, 0..0]),
+            ([0..0, 3..7], [0..0, 3..7]),
+            ([20..30, 0..64], [22..28, 10..60]),
         ];
-        for seen in cases {
-            let got = cover(&pieces(&seen));
+        for (seen, full) in cases {
+            let pieces = pieces(&seen, &full);
+            let got = cover(&pieces);
             for w in 0..2 {
                 assert_eq!(got[w], seen[w].clone().collect::<Vec<_>>(), "{seen:?}");
             }
+            // A piece lies within a panel's full keys or leaves them: never straddles their
+            // start or end inside the keys both panels see.
+            for p in pieces.iter().flatten().filter(|p| p.both) {
+                for f in &full {
+                    for edge in [f.start, f.end] {
+                        assert!(!(p.keys.start < edge && edge < p.keys.end), "{p:?} {f:?}");
+                    }
+                }
+            }
         }
-        let full = pieces(&[0..256, 0..256]);
-        assert_eq!(full.iter().flatten().count(), 1);
-        assert!(full[0].as_ref().is_some_and(|p| p.both));
+        let all = pieces(&[0..256, 0..256], &[0..256, 0..256]);
+        assert_eq!(all.iter().flatten().count(), 1);
+        assert!(all.iter().flatten().all(|p| p.both && p.keys == (0..256)));
+        let causal = pieces(&[0..32, 0..48], &[0..17, 0..33]);
+        let got: Vec<_> = causal.iter().flatten().cloned().collect();
+        let want = [(0..17, 0, true), (17..32, 0, true), (32..48, 1, false)];
+        assert_eq!(got.len(), want.len());
+        for (p, (keys, first, both)) in got.iter().zip(want) {
+            assert_eq!((p.keys.clone(), p.first, p.both), (keys, first, both));
+        }
     }
 }
