@@ -1,5 +1,6 @@
 //! Tile products on f32: a thin, bounds-checked wrapper over the `gemm` crate, which picks its
-//! SIMD kernel (AVX2/FMA on x86-64, a portable one elsewhere) at run time.
+//! SIMD kernel (AVX-512 or AVX2/FMA on x86-64, built with its `x86-v4` feature; a portable one
+//! elsewhere) at run time.
 //!
 //! Every product runs on the calling thread (`Parallelism::None`): the attention kernels are
 //! already parallel over (batch, head, block) with rayon, one tile product per task at a time.

@@ -1,5 +1,5 @@
-//! Vectorized `2^x` for the softmax tiles: AVX2/FMA on x86-64 when the CPU has it (detected at
-//! run time; the standard library caches the answer), a portable scalar path otherwise.
+//! Vectorized `2^x` for the softmax tiles: AVX-512F or AVX2/FMA on x86-64, whichever is the
+//! widest the CPU has ([`cpu_simd`], decided once per process), a portable scalar path otherwise.
 //!
 //! Attention works in base 2: scores are multiplied by `scale · log2(e)` once, so that
 //! `exp(s − m) = 2^(s·log2e − m·log2e)` costs one `exp2` per element and no extra multiply.
