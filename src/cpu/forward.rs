@@ -8,8 +8,9 @@
 //! ```text
 //! Sᵀ  = K · Qᵀ            keys × 16 (×2)  microkernel, K rows read in place
 //!       (softcap, ALiBi, bias; mask)      only where needed
-//! Pᵀ  = online softmax     per lane        rescales Oᵀ when a maximum moves
-//! Oᵀ += Vᵀ · Pᵀ            dv × 16 (×2)    microkernel, V rows read in place
+//! m   = online softmax     per lane        rescales Oᵀ when a maximum moves
+//! Oᵀ += Vᵀ · Pᵀ            dv × 16 (×2)    microkernel, V rows read in place, computing
+//!                                          Pᵀ = 2^(Sᵀ − m) on the way (softmax_product)
 //! ```
 //!
 //! The two panels of a pair share each broadcast of K and V (the microkernel's 12×2 register
@@ -29,7 +30,7 @@ use super::SharedOut;
 use super::exp::LANES;
 use super::lanes::{lane_max, scale_lanes};
 use super::matmul::Write;
-use super::microkernel::{PairOffsets, PanelStrides, panels_product};
+use super::microkernel::{PairOffsets, PanelStrides, panels_product, softmax_product};
 use super::online_softmax::PanelSoftmax;
 use super::score_mods::{ScoreMods, apply_mask};
 use super::tile_config::{ForwardTiles, forward_tiles};
@@ -259,6 +260,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         // Per panel: the maximum of the scores the products gave exactly (rows every query of
         // the panel sees); rows of pieces that reach past `full` are maxed after the mask.
         let mut maxima = [[f32::NEG_INFINITY; LANES]; 2];
+        let mut shift = [[0f32; LANES]; 2];
         for piece in pieces.iter().flatten() {
             let (w, keys) = (piece.first, &piece.keys);
             let at = w * n * LANES + (keys.start - start) * LANES;
@@ -318,14 +320,15 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                 }
             }
             let ot = &mut ot[w * dv * LANES..(w + 1) * dv * LANES];
-            sc.softmax[panel].update(st, tile_max, ot);
+            shift[w] = sc.softmax[panel].rescale(st, tile_max, ot);
         }
+        let mut sums = [[0f32; LANES]; 2];
         for piece in pieces.iter().flatten() {
             let (w, keys) = (piece.first, &piece.keys);
-            panels_product(
+            let piece_sums = softmax_product(
                 &mut ot[w * dv * LANES..],
                 v_rows.skip(keys.start - block.start),
-                &st[w * n * LANES + (keys.start - start) * LANES..],
+                &mut st[w * n * LANES + (keys.start - start) * LANES..],
                 dv,
                 keys.len(),
                 PanelStrides {
@@ -338,8 +341,16 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                     b: n * LANES,
                     c: dv * LANES,
                 }),
-                Write::Accumulate,
+                &[shift[w], shift[1.min(w + 1)]],
             );
+            for (w, s) in piece.panels().zip(&piece_sums) {
+                for (total, x) in sums[w].iter_mut().zip(s) {
+                    *total += x;
+                }
+            }
+        }
+        for (w, panel) in pair.enumerate() {
+            sc.softmax[panel].add_sums(&sums[w]);
         }
     }
 

@@ -5,8 +5,9 @@
 //! vector operation down the rows. Scores arrive already multiplied by `log2(e)`, so
 //! `exp(s − m) = 2^(s − m)`. Per key tile a query's maximum can only grow; its sum and its
 //! accumulator column are rescaled by `2^(m_old − m_new)` (skipped for the whole panel when no
-//! maximum moved, the common case after the first tiles), and the scores are replaced in place
-//! by their unnormalized probabilities `Pᵀ`.
+//! maximum moved, the common case after the first tiles), and the scores are then replaced in
+//! place by their unnormalized probabilities `Pᵀ` (by the forward's `softmax_product`, while it
+//! multiplies them by V).
 //!
 //! Edge case, a query with no visible key yet: its maximum is −∞, and `s − m` would be
 //! `−∞ − (−∞) = NaN`. Such a lane is shifted by 0 instead, so its (masked, −∞) scores become
@@ -33,16 +34,18 @@ impl Default for PanelSoftmax {
 }
 
 impl PanelSoftmax {
-    /// Folds a `keys × 16` tile of base-2 scores (−∞ where masked) into the state, replacing it
-    /// by `2^(s − m_new)`, and rescales the `dv × 16` accumulator `acc` to the new maxima. The
-    /// caller then adds `Vᵀ·Pᵀ` to `acc`. `tile_max` is each lane's maximum over the tile when
-    /// the caller already has it (exactly: an upper bound could flush every term to 0).
-    pub(crate) fn update(
+    /// Folds the maxima of a `keys × 16` tile of base-2 scores (−∞ where masked) into the
+    /// state and rescales the running sums and the `dv × 16` accumulator `acc` to the new
+    /// maxima. Returns each lane's shift: the caller replaces the tile by `2^(s − shift)`, adds
+    /// `Vᵀ·Pᵀ` to `acc` and the tile's lane sums by [`Self::add_sums`] (`softmax_product` does
+    /// both at once). `tile_max` is each lane's maximum over the tile when the caller already
+    /// has it (exactly: an upper bound could flush every term to 0).
+    pub(crate) fn rescale(
         &mut self,
-        scores: &mut [f32],
+        scores: &[f32],
         tile_max: Option<[f32; LANES]>,
         acc: &mut [f32],
-    ) {
+    ) -> [f32; LANES] {
         let tile_max = tile_max.unwrap_or_else(|| lane_max(scores));
         let mut alpha = self.max;
         let mut shift = [0f32; LANES];
@@ -60,12 +63,19 @@ impl PanelSoftmax {
         }
         // alpha = 2^(m_old − m_new): 1 where the maximum stayed, 0 from m_old = −∞.
         exp2_shifted_panel(&mut alpha, &shift);
-        let tile_sum = exp2_shifted_panel(scores, &shift);
-        for l in 0..LANES {
-            self.sum[l] = self.sum[l] * alpha[l] + tile_sum[l];
+        for (s, a) in self.sum.iter_mut().zip(&alpha) {
+            *s *= a;
         }
         if moved {
             scale_lanes(acc, &alpha);
+        }
+        shift
+    }
+
+    /// Adds a tile's lane sums of `2^(s − shift)` (after [`Self::rescale`]).
+    pub(crate) fn add_sums(&mut self, tile_sum: &[f32; LANES]) {
+        for (s, t) in self.sum.iter_mut().zip(tile_sum) {
+            *s += t;
         }
     }
 
@@ -104,7 +114,9 @@ mod tests {
                     s[r * LANES + 2..(r + 1) * LANES].fill(1.5);
                 }
             }
-            sm.update(&mut s, None, &mut acc);
+            let shift = sm.rescale(&s, None, &mut acc);
+            let tile_sum = exp2_shifted_panel(&mut s, &shift);
+            sm.add_sums(&tile_sum);
             for (r, j) in keys.enumerate() {
                 for l in 0..LANES {
                     acc[l] += s[r * LANES + l] * values[j];

@@ -1,63 +1,85 @@
 //! AVX-512F exp kernels: one 16-lane vector per row of a 16-query panel, by a table of
-//! sixteenths and a cubic (the other levels use a degree-6 polynomial; results agree within
-//! 2 ulp).
+//! thirty-seconds and a quadratic (the other levels use a degree-6 polynomial; results agree
+//! within 2 ulp). The forward's `softmax_product` calls [`exp2_ps`] inside its FMA loop.
 
 use std::arch::x86_64::*;
 
 use super::{EXP2_MAX, LANES, exp2};
 
-/// `2^(k/16)` for `k = 0..16`, correctly rounded: the table [`exp2_ps`] looks up with one
-/// lane permute.
-const TABLE: [f32; 16] = [
+/// `2^(k/32)` for `k = 0..32`, correctly rounded: the table [`exp2_ps`] looks up with one
+/// two-register lane permute.
+const TABLE: [f32; 32] = [
     1.0,
+    1.021_897_2,
     1.044_273_7,
+    1.067_140_5,
     1.090_507_7,
+    1.114_386_8,
     1.138_788_6,
+    1.163_724_9,
     1.189_207_1,
+    1.215_247_4,
     1.241_857_8,
+    1.269_051,
     1.296_839_6,
+    1.325_236_7,
     1.354_255_6,
+    1.383_91,
     std::f32::consts::SQRT_2,
+    1.445_180_8,
     1.476_826_2,
+    1.509_164_5,
     1.542_210_8,
+    1.575_980_9,
     1.610_490_3,
+    1.645_755_5,
     1.681_792_9,
+    1.718_619_3,
     1.756_252_2,
+    1.794_709_1,
     1.834_008_1,
+    1.874_167_7,
     1.915_206_6,
+    1.957_144_1,
 ];
-/// `2^f` on `[0, 1/16)`, lowest degree first (least-squares minimax of the relative error,
-/// 1.1e-9 before f32 rounding).
-const POLY: [f32; 4] = [1.0, 0.693_147_8, 0.240_179_05, 0.056_718_16];
+/// `2^f` on `[−1/64, 1/64]`, lowest degree first (minimax of the relative error, 5.4e-8 with
+/// these f32 coefficients, before rounding).
+const POLY: [f32; 3] = [1.0, 0.693_157_3, 0.240_224_75];
 /// Inputs below this give 0 (`2^−150` rounds to 0), −∞ included.
 const FLUSH: f32 = -150.0;
-/// `1.5 · 2^19`: adding it to a multiple of 1/16 below 2^18 in magnitude leaves `16·x` in the
-/// low mantissa bits (the spacing of floats in `[2^19, 2^20)` is 1/16).
-const SIXTEENTHS: f32 = 786_432.0;
+/// `1.5 · 2^18`: the spacing of floats in `[2^18, 2^19)` is 1/32, so adding it to `x` (below
+/// 2^17 in magnitude) rounds `x` to the nearest multiple of 1/32 and leaves that multiple
+/// times 32 in the low mantissa bits.
+const THIRTY_SECONDS: f32 = 393_216.0;
 
-/// `2^x` on 16 lanes: `x = n + k/16 + f` with `n + k/16` the multiple of 1/16 at or below `x`
-/// (one `vrndscaleps`), `2^f` a cubic, `2^(k/16)` from [`TABLE`] (one `vpermps`) and `2^n`
-/// applied by `vscalefps`. Three FMAs where the AVX2 and scalar paths' degree-6 polynomial
-/// takes six; relative error within 1.5e-7 (AVX2's: 1.2e-7). `CAP_ABOVE = false` skips the
-/// upper clamp, for arguments known to be ≤ 0.
+/// `2^x` on 16 lanes: `x = n + k/32 + f` with `n + k/32` the multiple of 1/32 nearest `x` (two
+/// adds, leaving `k` in the low bits of the first sum) and `|f| ≤ 1/64`; `2^f` is a quadratic,
+/// `2^(k/32)` comes from [`TABLE`] (one `vpermt2ps`, which reads those low bits) and `2^n` is
+/// applied by `vscalefps` (which takes `n` as the floor of `n + k/32`). Of its instructions
+/// only the two FMAs and the multiply compete with the products for the FMA pipes (Zen 5: adds,
+/// maxima, `vscalefps` run beside them; measured on the 2-core VM, 2026-11-23). Relative
+/// error within 1.5e-7 (the AVX2 and scalar paths' degree-6 polynomial: 1.2e-7).
+/// `CAP_ABOVE = false` skips the upper clamp, for arguments known to be ≤ 0.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn exp2_ps<const CAP_ABOVE: bool>(x: __m512) -> __m512 {
+pub(in crate::cpu) fn exp2_ps<const CAP_ABOVE: bool>(x: __m512) -> __m512 {
     let mut x = _mm512_max_ps(x, _mm512_set1_ps(FLUSH));
     if CAP_ABOVE {
         x = _mm512_min_ps(x, _mm512_set1_ps(EXP2_MAX));
     }
-    // Round down to a multiple of 2^-4: imm8 = (4 << 4) | round toward −∞, no exceptions.
-    let r = _mm512_roundscale_ps::<{ (4 << 4) | _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(x);
+    let t = _mm512_add_ps(x, _mm512_set1_ps(THIRTY_SECONDS));
+    let r = _mm512_sub_ps(t, _mm512_set1_ps(THIRTY_SECONDS));
     let f = _mm512_sub_ps(x, r);
-    let mut p = _mm512_set1_ps(POLY[3]);
-    for &c in POLY[..3].iter().rev() {
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
-    }
-    let k = _mm512_castps_si512(_mm512_add_ps(r, _mm512_set1_ps(SIXTEENTHS)));
-    // SAFETY: TABLE holds 16 f32.
-    let table = unsafe { _mm512_loadu_ps(TABLE.as_ptr()) };
-    let y = _mm512_mul_ps(p, _mm512_permutexvar_ps(k, table));
+    let p = _mm512_fmadd_ps(_mm512_set1_ps(POLY[2]), f, _mm512_set1_ps(POLY[1]));
+    let p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(POLY[0]));
+    // SAFETY: TABLE holds 32 f32.
+    let (lo, hi) = unsafe {
+        (
+            _mm512_loadu_ps(TABLE.as_ptr()),
+            _mm512_loadu_ps(TABLE.as_ptr().add(16)),
+        )
+    };
+    let y = _mm512_mul_ps(p, _mm512_permutex2var_ps(lo, _mm512_castps_si512(t), hi));
     _mm512_scalef_ps(y, r)
 }
 

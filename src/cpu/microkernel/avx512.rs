@@ -11,7 +11,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{Block, ColMax};
+use super::{Block, ColMax, PANEL};
+use crate::cpu::exp::avx512::exp2_ps;
 
 /// A run of `blocks` register blocks of the same height, one after the other; C, A and B
 /// point at the first block's first row.
@@ -107,6 +108,112 @@ pub(super) unsafe fn product<const W: usize>(x: Block, rows: usize, col_max: &mu
     } else {
         for part in even_split(rows, 12) {
             run(&any, 1, part);
+        }
+    }
+}
+
+/// [`super::softmax_product::product_exp`] for columns contiguous in A (`a_rs == 1`): the first
+/// block of rows (at most 8 on a pair, 12 on one panel, leaving registers for the exp) turns
+/// each row of B into `2^(B − shift)` as it goes; the other blocks read the stored result.
+///
+/// # Safety
+/// As for [`product`], with `a_rs == 1`, B writable through `x.b` and `st.b_rs == 16`.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn product_exp<const W: usize>(
+    x: Block,
+    rows: usize,
+    shift: &[ColMax; W],
+    sums: &mut [ColMax; W],
+) {
+    type ExpKernel<const W: usize> = unsafe fn(Block, &[ColMax; W], &mut [ColMax; W]);
+    let first: [ExpKernel<W>; 12] = [
+        block_exp::<1, W>,
+        block_exp::<2, W>,
+        block_exp::<3, W>,
+        block_exp::<4, W>,
+        block_exp::<5, W>,
+        block_exp::<6, W>,
+        block_exp::<7, W>,
+        block_exp::<8, W>,
+        block_exp::<9, W>,
+        block_exp::<10, W>,
+        block_exp::<11, W>,
+        block_exp::<12, W>,
+    ];
+    let height = rows.min(if W == 2 { 8 } else { 12 });
+    // SAFETY: rows 0..height lie inside the product (the caller's contract).
+    unsafe { first[height - 1](x, shift, sums) };
+    let rest = Block {
+        c: x.c.wrapping_add(height * x.st.c_rs),
+        a: x.a.wrapping_add(height),
+        ..x
+    };
+    // Their maxima are not wanted (C accumulates the output).
+    let mut col_max = [[f32::NEG_INFINITY; PANEL]; W];
+    // SAFETY: rows height..rows of the same product; B now holds the exponentials.
+    unsafe { product(rest, rows - height, &mut col_max) };
+}
+
+/// One block of `R` rows of [`block_cols`] (unit row stride) whose step `l` first replaces row
+/// `l` of each panel of B by `2^(B − shift)` and adds it to the panel's lane sums.
+///
+/// # Safety
+/// As for [`block_cols`], with B's rows writable.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn block_exp<const R: usize, const W: usize>(
+    x: Block,
+    shift: &[ColMax; W],
+    sums: &mut [ColMax; W],
+) {
+    let mut acc = [[_mm512_setzero_ps(); W]; R];
+    // SAFETY: `shift` and `sums` hold W panels of 16 f32.
+    let s: [__m512; W] = std::array::from_fn(|w| unsafe { _mm512_loadu_ps(shift[w].as_ptr()) });
+    let mut sum = [_mm512_setzero_ps(); W];
+    // Row `l` of each panel replaced by its probabilities, which are added to the sums.
+    let b = x.b.cast_mut();
+    let probs = |l: usize, sum: &mut [__m512; W]| {
+        for (w, sum) in sum.iter_mut().enumerate() {
+            // SAFETY: row l < k of panel w is valid and writable (caller's contract).
+            unsafe {
+                let at = b.add(l * x.st.b_rs + w * x.pair.b);
+                let p = exp2_ps::<false>(_mm512_sub_ps(_mm512_loadu_ps(at), s[w]));
+                _mm512_storeu_ps(at, p);
+                *sum = _mm512_add_ps(*sum, p);
+            }
+        }
+    };
+    // Software-pipelined: row l + AHEAD is exponentiated while row l is multiplied, so the
+    // exponentials' long dependency chains do not hold up the FMAs.
+    const AHEAD: usize = 8;
+    for l in 0..AHEAD.min(x.k) {
+        probs(l, &mut sum);
+    }
+    let mut al = x.a;
+    for l in 0..x.k {
+        if l + AHEAD < x.k {
+            probs(l + AHEAD, &mut sum);
+        }
+        // SAFETY: step l's R values of A and row l of B are valid (caller's contract).
+        unsafe {
+            let bv = load_panels::<W>(b.add(l * x.st.b_rs), x.pair.b);
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let xv = _mm512_set1_ps(*al.add(r));
+                for w in 0..W {
+                    acc[w] = _mm512_fmadd_ps(xv, bv[w], acc[w]);
+                }
+            }
+            al = al.add(x.st.a_cs);
+        }
+    }
+    let mut col_max = [[f32::NEG_INFINITY; PANEL]; W];
+    // SAFETY: the block's rows of C are writable (caller's contract).
+    unsafe { store!(x, acc, col_max) };
+    for (w, total) in sums.iter_mut().enumerate() {
+        // SAFETY: `total` holds 16 f32.
+        unsafe {
+            let t = _mm512_add_ps(_mm512_loadu_ps(total.as_ptr()), sum[w]);
+            _mm512_storeu_ps(total.as_mut_ptr(), t);
         }
     }
 }

@@ -31,9 +31,12 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod softmax_product;
 
 use super::matmul::Write;
 use super::simd::{Simd, cpu_simd};
+
+pub(crate) use softmax_product::softmax_product;
 
 /// Queries per panel: one 16-lane AVX-512 vector, two 8-lane AVX2 vectors.
 pub(crate) const PANEL: usize = 16;
@@ -114,19 +117,7 @@ fn product<const W: usize>(
     if rows == 0 {
         return col_max;
     }
-    for w in 0..W {
-        assert!(
-            w * pair.c + (rows - 1) * st.c_rs + PANEL <= c.len(),
-            "panel product: C out of bounds"
-        );
-    }
-    if W == 2 {
-        // The second panel starts after the first one's last row, or sits beside it in the
-        // same rows (within each row's stride).
-        let after = pair.c >= (rows - 1) * st.c_rs + PANEL;
-        let beside = pair.c >= PANEL && pair.c + PANEL <= st.c_rs;
-        assert!(after || beside, "panel product: the two C panels overlap");
-    }
+    check_c::<W>(c.len(), rows, st, pair);
     if k == 0 {
         for (w, max) in col_max.iter_mut().enumerate() {
             for r in 0..rows {
@@ -141,14 +132,7 @@ fn product<const W: usize>(
         }
         return col_max;
     }
-    assert!(
-        (rows - 1) * st.a_rs + (k - 1) * st.a_cs < a.len(),
-        "panel product: A out of bounds"
-    );
-    assert!(
-        (W - 1) * pair.b + (k - 1) * st.b_rs + PANEL <= b.len(),
-        "panel product: B out of bounds"
-    );
+    check_ab::<W>(a.len(), b.len(), rows, k, st, pair);
     let block = Block {
         c: c.as_mut_ptr(),
         a: a.as_ptr(),
@@ -192,6 +176,43 @@ fn product<const W: usize>(
         }
     }
     col_max
+}
+
+/// Panics unless the `rows × 16` panels of C lie inside `c_len` elements and apart (rows ≥ 1).
+fn check_c<const W: usize>(c_len: usize, rows: usize, st: PanelStrides, pair: PairOffsets) {
+    for w in 0..W {
+        assert!(
+            w * pair.c + (rows - 1) * st.c_rs + PANEL <= c_len,
+            "panel product: C out of bounds"
+        );
+    }
+    if W == 2 {
+        // The second panel starts after the first one's last row, or sits beside it in the
+        // same rows (within each row's stride).
+        let after = pair.c >= (rows - 1) * st.c_rs + PANEL;
+        let beside = pair.c >= PANEL && pair.c + PANEL <= st.c_rs;
+        assert!(after || beside, "panel product: the two C panels overlap");
+    }
+}
+
+/// Panics unless A (`rows × k`) and the `W` panels of B (`k × 16`) lie inside their slices
+/// (rows, k ≥ 1).
+fn check_ab<const W: usize>(
+    a_len: usize,
+    b_len: usize,
+    rows: usize,
+    k: usize,
+    st: PanelStrides,
+    pair: PairOffsets,
+) {
+    assert!(
+        (rows - 1) * st.a_rs + (k - 1) * st.a_cs < a_len,
+        "panel product: A out of bounds"
+    );
+    assert!(
+        (W - 1) * pair.b + (k - 1) * st.b_rs + PANEL <= b_len,
+        "panel product: B out of bounds"
+    );
 }
 
 fn portable(

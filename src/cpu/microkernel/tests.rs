@@ -174,3 +174,93 @@ fn overlapping_pair_panels_are_refused() {
     let pair = PairOffsets { b: 0, c: 2 * PANEL };
     panels_product(&mut c, &a, &b, 4, 4, st, Some(pair), Write::Overwrite);
 }
+
+/// The fused softmax product against f64, on `W` panels, for every level and for A with unit
+/// row stride (the fused AVX-512 kernel) or not (the exp pass, then the product): B becomes
+/// `2^(B − shift)`, C gains `A · 2^(B − shift)`, and the lane sums come back.
+fn check_softmax<const W: usize>(rows: usize, k: usize, a_rs: usize, a_cs: usize) {
+    let c_rs = PANEL + 1;
+    let pair = PairOffsets {
+        b: PANEL * k.max(1) + 32,
+        c: c_rs * rows.max(1) + 3,
+    };
+    let st = PanelStrides {
+        a_rs,
+        a_cs,
+        b_rs: PANEL,
+        c_rs,
+    };
+    let a: Vec<f32> = (0..(rows.max(1) - 1) * a_rs + k.max(1) * a_cs + 1)
+        .map(|i| (i as f32 * 0.37).sin())
+        .collect();
+    // Scores up to 7 (the shift), some masked, some far below the shift.
+    let scores: Vec<f32> = (0..pair.b * W)
+        .map(|i| match i % 11 {
+            3 => f32::NEG_INFINITY,
+            7 => -160.0,
+            _ => (i as f32 * 0.23).cos() * 7.0,
+        })
+        .collect();
+    let shift: [ColMax; W] = std::array::from_fn(|w| std::array::from_fn(|l| 7.0 + (w + l) as f32));
+    for simd in levels() {
+        let mut b = scores.clone();
+        let mut c = vec![1.0f32; pair.c * W];
+        let sums =
+            softmax_product::product_exp::<W>(simd, &mut c, &a, &mut b, rows, k, st, pair, &shift);
+        for w in 0..W {
+            let p = |l: usize, j: usize| {
+                ((scores[w * pair.b + l * PANEL + j] - shift[w][j]) as f64).exp2()
+            };
+            for j in 0..PANEL {
+                let want: f64 = (0..k).map(|l| p(l, j)).sum();
+                let got = sums[w][j] as f64;
+                assert!(
+                    (got - want).abs() <= 1e-6 * want.max(1e-30),
+                    "{simd} sum {got} vs {want}"
+                );
+                for l in 0..k {
+                    let got = b[w * pair.b + l * PANEL + j] as f64;
+                    // Results below 2^-126 may flush to 0 (the exp kernels' contract).
+                    let tol = 3e-7 * p(l, j) + f32::MIN_POSITIVE as f64;
+                    assert!(
+                        (got - p(l, j)).abs() <= tol,
+                        "{simd} P {got} vs {}",
+                        p(l, j)
+                    );
+                }
+                for r in 0..rows {
+                    let want = 1.0
+                        + (0..k)
+                            .map(|l| a[r * a_rs + l * a_cs] as f64 * p(l, j))
+                            .sum::<f64>();
+                    let got = c[w * pair.c + r * c_rs + j] as f64;
+                    assert!(
+                        (got - want).abs() < 1e-5,
+                        "{simd} W={W} rows {rows} k {k} ({r},{j}): {got} vs {want}"
+                    );
+                }
+            }
+            // B past the panel's k rows and C outside its rows × 16 are untouched.
+            let tail = w * pair.b + k * PANEL..(w + 1) * pair.b;
+            assert_eq!(b[tail.clone()], scores[tail], "{simd} wrote past B");
+            for i in 0..pair.c {
+                let (r, j) = (i / c_rs, i % c_rs);
+                if r >= rows || j >= PANEL {
+                    assert_eq!(c[w * pair.c + i], 1.0, "{simd} wrote outside C at {i}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_product_matches_f64_for_every_size_and_level() {
+    for rows in (1..=26).chain([64, 100]) {
+        for k in [0, 1, 3, 9, 17, 64] {
+            for (a_rs, a_cs) in [(1, rows + 3), (k + 3, 1)] {
+                check_softmax::<1>(rows, k, a_rs, a_cs);
+                check_softmax::<2>(rows, k, a_rs, a_cs);
+            }
+        }
+    }
+}

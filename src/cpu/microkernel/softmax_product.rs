@@ -1,0 +1,105 @@
+//! `Oᵀ += Vᵀ · Pᵀ` with the softmax's exponentials computed on the way: B arrives holding the
+//! scores `Sᵀ` of one or two panels and leaves holding `Pᵀ = 2^(Sᵀ − shift)` (per panel and
+//! lane), and the lane sums of `Pᵀ` come back for the running sums.
+//!
+//! With AVX-512 the first register block computes each row of `Pᵀ` just before it multiplies
+//! it, and stores it for the other blocks: the exponentials' rounding, table lookup and scaling
+//! run beside the FMAs instead of in a pass of their own. Other levels run the exp pass first,
+//! then the plain product.
+//!
+//! Measured on the 2-core Zen 5 VM (2026-11-23; 1-thread profiles of the forward at N=1024,
+//! D=64, and interleaved A/B runs of the 2-thread forward as % of the AVX-512 sgemm rate): the
+//! fused block with the exponentials of row `l` computed just before its FMAs saved nothing
+//! (their ~35-cycle dependency chain stalled the FMAs; the exp's cost, 6.5% of the samples,
+//! was the separate pass's); computing row `l + 4` or `l + 8` while row `l` is multiplied cut
+//! it to 4.2%, and the exp with fewer FMA-pipe instructions (see `exp::avx512`) to 3.9%.
+//! Forward +1 to +2.5 points at N=1024 and 4096, causal and not.
+
+use super::{Block, ColMax, PANEL, PairOffsets, PanelStrides, check_ab, check_c, product};
+use crate::cpu::exp::exp2_shifted_panel;
+use crate::cpu::matmul::Write;
+use crate::cpu::simd::{Simd, cpu_simd};
+
+/// `C[rows × 16] += A[rows × k] · 2^(B − shift)` on one panel or two (`pair`, laid out as for
+/// [`super::panels_product`]), where each panel of B is `k` contiguous rows of 16
+/// (`st.b_rs == 16`) and is overwritten by `2^(B − shift)`. `shift[w]` holds a finite shift per
+/// lane of panel `w`, at least every score of its lane (a running maximum), so that every
+/// exponent is ≤ 0; scores of −∞ give 0. Returns the lane sums of each panel's new B (0 for
+/// the second panel when there is none).
+/// Panics if an operand reaches outside its slice or the two B panels overlap.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn softmax_product(
+    c: &mut [f32],
+    a: &[f32],
+    b: &mut [f32],
+    rows: usize,
+    k: usize,
+    st: PanelStrides,
+    pair: Option<PairOffsets>,
+    shift: &[ColMax; 2],
+) -> [ColMax; 2] {
+    match pair {
+        Some(pair) => product_exp::<2>(cpu_simd(), c, a, b, rows, k, st, pair, shift),
+        None => {
+            let one = PairOffsets::default();
+            let [sum] = product_exp::<1>(cpu_simd(), c, a, b, rows, k, st, one, &[shift[0]]);
+            [sum, [0.0; PANEL]]
+        }
+    }
+}
+
+/// [`softmax_product`] on `W` panels with the product kernels of `simd` (at most the CPU's
+/// level; the separate exp pass, where there is one, runs at the CPU's level).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn product_exp<const W: usize>(
+    simd: Simd,
+    c: &mut [f32],
+    a: &[f32],
+    b: &mut [f32],
+    rows: usize,
+    k: usize,
+    st: PanelStrides,
+    pair: PairOffsets,
+    shift: &[ColMax; W],
+) -> [ColMax; W] {
+    assert_eq!(st.b_rs, PANEL, "softmax product: B rows must be contiguous");
+    let mut sums = [[0f32; PANEL]; W];
+    if k == 0 {
+        return sums;
+    }
+    for w in 0..W {
+        assert!(
+            w * pair.b + k * PANEL <= b.len(),
+            "softmax product: B out of bounds"
+        );
+    }
+    assert!(
+        W == 1 || pair.b >= k * PANEL,
+        "softmax product: the two B panels overlap"
+    );
+    debug_assert!(simd <= cpu_simd());
+    #[cfg(target_arch = "x86_64")]
+    if simd == Simd::Avx512 && st.a_rs == 1 && rows > 0 {
+        check_c::<W>(c.len(), rows, st, pair);
+        check_ab::<W>(a.len(), b.len(), rows, k, st, pair);
+        let block = Block {
+            c: c.as_mut_ptr(),
+            a: a.as_ptr(),
+            b: b.as_mut_ptr().cast_const(),
+            k,
+            st,
+            pair,
+            accumulate: true,
+        };
+        // SAFETY: AVX-512F is available (simd ≤ cpu_simd); the operands lie inside their
+        // slices (checked above); B, borrowed mutably, may be written through `block.b`, and C,
+        // also borrowed mutably, overlaps neither A nor B nor its other panel.
+        unsafe { super::avx512::product_exp(block, rows, shift, &mut sums) };
+        return sums;
+    }
+    for (w, sum) in sums.iter_mut().enumerate() {
+        *sum = exp2_shifted_panel(&mut b[w * pair.b..][..k * PANEL], &shift[w]);
+    }
+    product::<W>(simd, c, a, b, rows, k, st, pair, Write::Accumulate);
+    sums
+}
