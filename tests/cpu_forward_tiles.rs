@@ -63,8 +63,12 @@ fn across_key_blocks() {
             .causal()
             .dtype(DType::F16)
             .layout(Layout::Bhnd),
-        // K/V rows 16·64 f32 = 4 KiB apart: f32 key blocks are copied, not read in place.
+        // K/V rows 16·64 f32 = 4 KiB apart: f32 key blocks are copied, not read in place, and
+        // (with up to 5 threads) tasks take 512 queries, so the second case crosses one.
         Case::new(270, 300, 64).heads(16, 16).causal(),
+        Case::new(700, 650, 64)
+            .heads(16, 8)
+            .window(Some(300), Some(20)),
         Case::new(0, 0, 16).varlen(&[(130, 300), (0, 5), (70, 0), (257, 257)]),
         Case::new(0, 0, 64)
             .varlen(&[(200, 260), (1, 1), (65, 64)])

@@ -18,7 +18,7 @@
 //! sees for that one, so a causal diagonal block costs about 8 wasted keys per row, and only
 //! panels crossing the mask boundary mask per element. Tasks run longest first.
 //! f16/bf16 key blocks are converted to f32 once per block; f32 K/V rows are read in place
-//! unless their stride would make a block alias in L1 (`aliases_in_l1`).
+//! unless the tiles pack them (`tile_config`: long heads, or rows that alias in L1).
 //!
 //! Extra memory: one scratch per worker thread (Qᵀ, Oᵀ, Sᵀ panel, converted K/V block), O(tile).
 
@@ -104,7 +104,14 @@ pub(crate) fn run<T: CpuElement>(
     out: SharedOut<'_, T>,
     lse: &mut [f32],
 ) {
-    let tiles = forward_tiles(p.head_dim, p.head_dim_v, p.max_nk, p.k.row.max(p.v.row));
+    let rows: usize = p.seqs.iter().map(|s| s.nq).sum::<usize>() * p.heads_q;
+    let tiles = forward_tiles(
+        p.head_dim,
+        p.head_dim_v,
+        p.max_nk,
+        [p.k.row, p.v.row],
+        rows / rayon::current_num_threads(),
+    );
     let mut tasks: Vec<Task> = (0..p.batch)
         .flat_map(|b| {
             let blocks = p.seqs[b].nq.div_ceil(tiles.block_q);
@@ -386,9 +393,8 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         scale_lanes(&mut sc.panels.qt, &[scale; LANES]);
     }
 
-    /// K and V rows of the key block `keys` as f32: in place for f32 (unless the tiles pack them
-    /// or their stride makes them alias in L1, see [`aliases_in_l1`]), converted or copied into
-    /// `kv` otherwise.
+    /// K and V rows of the key block `keys` as f32: in place for f32 unless the tiles pack them
+    /// (see [`forward_tiles`]), converted or copied into `kv` otherwise.
     fn key_block<'s>(
         &'s self,
         kv: &'s mut KeyBlock,
@@ -467,23 +473,8 @@ fn pieces(seen: &[Range<usize>; 2], full: &[Range<usize>; 2]) -> [Option<Piece>;
     out
 }
 
-/// True when rows `stride` f32 apart all fall into the same few sets of the L1 data cache (64
-/// sets of 64 bytes: a 4 KiB period), so a key block read in place keeps evicting itself.
-///
-/// Measured on the 2-core Zen 5 VM (2026-11-22, AVX2 kernels), f32 forward, D=64,
-/// `[B, N, H, D]` (row stride H·D), GFLOP per CPU-second, K/V read in place vs copied per
-/// block: H=4 (1 KiB) 220 vs 204, H=8 (2 KiB) 213 vs 200, H=16 (4 KiB) 165 vs 191, H=32
-/// (8 KiB) 172 vs 191. With the AVX-512 kernels (2026-11-23, H=8): copying both K and V cost
-/// 3-5 points of the GEMM rate, copying K alone (even with block_q 256) gained nothing,
-/// although a 2 KiB stride alone makes `Sᵀ = K·Qᵀ` 5% slower than a packed K in a cache-hot
-/// test (the copy's first touch of each row costs as much).
-fn aliases_in_l1(stride: usize) -> bool {
-    stride > 0 && (stride * std::mem::size_of::<f32>()).is_multiple_of(4096)
-}
-
 /// Rows `keys` of K or V (`width` values each, row `j` at `at(j)` in `src`, rows `stride` apart)
-/// as f32: `src` itself when it is f32, not to be packed and its stride does not alias in L1,
-/// else widened or copied into `buf`.
+/// as f32: `src` itself when it is f32 and not to be packed, else widened or copied into `buf`.
 fn key_rows<'s, T: CpuElement>(
     buf: &'s mut Vec<f32>,
     src: &'s [T],
@@ -494,7 +485,6 @@ fn key_rows<'s, T: CpuElement>(
 ) -> KeyRows<'s> {
     if let Some(data) = T::as_f32_slice(src)
         && !pack
-        && !aliases_in_l1(stride)
     {
         return KeyRows {
             data,

@@ -17,19 +17,21 @@ pub(crate) struct ForwardTiles {
 /// on most server CPUs, where the split below only moves to longer sequences).
 const L2_BYTES: usize = 1 << 20;
 
-/// Tiles for head dims `d` (Q, K) and `dv` (V), at most `nk` keys per sequence, and K and V
-/// rows `kv_stride` elements apart (the larger of the two strides).
+/// Tiles for head dims `d` (Q, K) and `dv` (V), at most `nk` keys per sequence, K and V rows
+/// `kv_strides` elements apart, and `rows_per_thread` query rows (over all heads and sequences)
+/// per rayon thread.
 ///
 /// The key block (`block_k` rows of K and V, `block_k · (d + dv) · 4` bytes, read in place or
 /// converted once) is kept near 128 KiB so it stays in the 1 MiB L2 of a core while each of the
 /// task's panels passes over it; the score panels (`block_k × 16` each) stay near L1.
 ///
-/// The query block depends on whether one head's keys and values fit in L2. If they do, tasks
-/// of 128 queries read K and V in place: a head's rows stay in L2 (and its pages in the TLB)
-/// from one task to the next. If they do not, every task streams its head's K and V again
-/// through the caches and the TLB (rows `[B, N, H, D]`-interleaved touch a new 4 KiB page every
-/// row or two), so tasks take 512 queries, four times fewer streams, and copy each key block
-/// into packed rows once for all their panels.
+/// Tasks take 128 queries and read f32 K and V in place when one head's keys and values fit in
+/// L2 and their rows do not alias in L1: a head's rows stay in L2 (and its pages in the TLB)
+/// from one task to the next. Otherwise every task streams its head's K and V through the
+/// caches again, or its in-place rows keep evicting each other from L1, so tasks take 512
+/// queries (four times fewer streams), and copy each key block into packed rows once for all
+/// their panels when the rows are not packed already or alias. Tasks of 512 queries only when
+/// every thread gets at least four of them: on many cores, more tasks beat cheaper ones.
 ///
 /// Measured on the 2-core Zen 5 VM (AMD EPYC, 2026-11-22, AVX2 kernels), f32, B=1, H=8, D=64,
 /// in GFLOP per CPU-second on 2 cores (noise about ±5): block_q 64 / 128 / 256 with block_k 256
@@ -39,29 +41,58 @@ const L2_BYTES: usize = 1 << 20;
 /// 256 at every shape; at N=16384 (a head's K and V 8 MiB) block_q 128 in place gave 61-67%
 /// full and 66-73% causal, copied 73-74%, block_q 512 in place 82-84%, block_q 512 copied
 /// 89-93% and 88-95%; at N=4096 (2 MiB) block_q 512 copied gained 2-4 points, at N=1024
-/// (512 KiB) it lost 3.
-pub(crate) fn forward_tiles(d: usize, dv: usize, nk: usize, kv_stride: usize) -> ForwardTiles {
+/// (512 KiB) it lost 3. Aliasing rows (`[B, N, H, D]` with H·D·4 bytes a multiple of 4 KiB),
+/// N=1024 and 2048, full and causal, GFLOP per CPU-second, 128-query tasks copying each block
+/// → 512-query tasks: H=16 D=64 377→416, 318→360, 390→429, 347→399; H=32 D=64 364→407,
+/// 307→353, 382→425, 330→390; H=32 D=128 404→438, 344→386 (N=2048 unchanged: already long);
+/// H=8 D=128 429→455, 398→415 (2026-11-23).
+pub(crate) fn forward_tiles(
+    d: usize,
+    dv: usize,
+    nk: usize,
+    kv_strides: [usize; 2],
+    rows_per_thread: usize,
+) -> ForwardTiles {
     let key_floats = 32 * 1024;
     let block_k = (key_floats / (d + dv)).clamp(32, 256);
     let head_bytes = nk.saturating_mul(d + dv).saturating_mul(size_of::<f32>());
-    let streams = head_bytes > L2_BYTES;
+    let long = head_bytes > L2_BYTES;
+    let aliases = kv_strides.iter().any(|&s| aliases_in_l1(s));
+    let big = (long || aliases) && rows_per_thread >= 4 * 512;
     ForwardTiles {
-        block_q: if streams { 512 } else { 128 },
+        block_q: if big { 512 } else { 128 },
         block_k,
-        pack_kv: streams && kv_stride > d.max(dv),
+        pack_kv: aliases || (long && kv_strides.iter().any(|&s| s > d.max(dv))),
     }
+}
+
+/// True when rows `stride` f32 apart all fall into the same few sets of the L1 data cache (64
+/// sets of 64 bytes: a 4 KiB period), so a key block read in place keeps evicting itself.
+///
+/// Measured on the 2-core Zen 5 VM (2026-11-22, AVX2 kernels), f32 forward, D=64,
+/// `[B, N, H, D]` (row stride H·D), GFLOP per CPU-second, K/V read in place vs copied per
+/// block: H=4 (1 KiB) 220 vs 204, H=8 (2 KiB) 213 vs 200, H=16 (4 KiB) 165 vs 191, H=32
+/// (8 KiB) 172 vs 191. With the AVX-512 kernels (2026-11-23, H=8): copying both K and V cost
+/// 3-5 points of the GEMM rate, copying K alone (even with block_q 256) gained nothing,
+/// although a 2 KiB stride alone makes `Sᵀ = K·Qᵀ` 5% slower than a packed K in a cache-hot
+/// test (the copy's first touch of each row costs as much).
+fn aliases_in_l1(stride: usize) -> bool {
+    stride > 0 && (stride * std::mem::size_of::<f32>()).is_multiple_of(4096)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Plenty of query rows per thread.
+    const MANY: usize = 1 << 20;
+
     #[test]
     fn tiles_shrink_with_the_head_dim() {
-        assert_eq!(forward_tiles(64, 64, 1024, 512).block_k, 256);
-        assert!(forward_tiles(512, 512, 1024, 512).block_k >= 32);
+        assert_eq!(forward_tiles(64, 64, 1024, [512; 2], MANY).block_k, 256);
+        assert!(forward_tiles(512, 512, 1024, [512; 2], MANY).block_k >= 32);
         for d in [1, 8, 80, 96, 512] {
-            let t = forward_tiles(d, d, 1024, d);
+            let t = forward_tiles(d, d, 1024, [d; 2], MANY);
             assert!(t.block_k * (2 * d) * 4 <= 256 * 1024 || t.block_k == 32);
         }
     }
@@ -69,11 +100,26 @@ mod tests {
     #[test]
     fn long_heads_take_bigger_query_blocks_and_pack_interleaved_rows() {
         // [B, N, H, D] with H = 8, D = 64: rows 512 apart.
-        let short = forward_tiles(64, 64, 1024, 512);
+        let short = forward_tiles(64, 64, 1024, [512; 2], MANY);
         assert_eq!((short.block_q, short.pack_kv), (128, false));
-        let long = forward_tiles(64, 64, 16384, 512);
+        let long = forward_tiles(64, 64, 16384, [512; 2], MANY);
         assert_eq!((long.block_q, long.pack_kv), (512, true));
         // [B, H, N, D]: rows already packed.
-        assert!(!forward_tiles(64, 64, 16384, 64).pack_kv);
+        let packed = forward_tiles(64, 64, 16384, [64; 2], MANY);
+        assert_eq!((packed.block_q, packed.pack_kv), (512, false));
+    }
+
+    #[test]
+    fn rows_aliasing_in_l1_are_packed_by_bigger_tasks_unless_threads_would_idle() {
+        // H = 32, D = 64: rows 8 KiB apart; and V alone aliasing.
+        for strides in [[2048, 2048], [512, 1024]] {
+            let t = forward_tiles(64, 64, 1024, strides, MANY);
+            assert_eq!((t.block_q, t.pack_kv), (512, true), "{strides:?}");
+        }
+        // Fewer than four 512-query tasks a thread: 128-query tasks, still packed.
+        let few = forward_tiles(64, 64, 1024, [2048; 2], 1024);
+        assert_eq!((few.block_q, few.pack_kv), (128, true));
+        let long_few = forward_tiles(64, 64, 16384, [512; 2], 1024);
+        assert_eq!((long_few.block_q, long_few.pack_kv), (128, true));
     }
 }
