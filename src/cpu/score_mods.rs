@@ -75,6 +75,11 @@ impl<'a> ScoreMods<'a> {
 
 /// Sets to −∞ the scores of a `keys × 16` panel (`Sᵀ`, lane `l` = query `first_query + l`, the
 /// first `queries` lanes used) that `mask` hides.
+///
+/// Each lane's visible keys are one run `lo[l]..hi[l]` of the panel's rows, so a row is a
+/// branch-free select of 16 lanes against those bounds (vectorized by the compiler), and the
+/// rows every lane sees are skipped. (Per-element scalar stores were 12% of a 1-thread forward
+/// with window (0, 0) at N=1024, D=64; this is 4.6%.)
 pub(crate) fn apply_mask(
     mask: &Mask,
     s: &mut [f32],
@@ -82,12 +87,68 @@ pub(crate) fn apply_mask(
     queries: usize,
     keys: Range<usize>,
 ) {
+    let n = keys.len();
+    // Row bounds as i32, so that the select vectorizes. Unused lanes keep their (discarded)
+    // scores.
+    assert!(n <= i32::MAX as usize, "apply_mask: {n} rows in one panel");
+    let mut lo = [0i32; LANES];
+    let mut hi = [n as i32; LANES];
     for l in 0..queries {
         let seen = mask.key_range(first_query + l);
-        let lo = seen.start.clamp(keys.start, keys.end) - keys.start;
-        let hi = (seen.end.clamp(keys.start, keys.end) - keys.start).max(lo);
-        for r in (0..lo).chain(hi..keys.len()) {
-            s[r * LANES + l] = f32::NEG_INFINITY;
+        let a = seen.start.clamp(keys.start, keys.end) - keys.start;
+        let b = (seen.end.clamp(keys.start, keys.end) - keys.start).max(a);
+        (lo[l], hi[l]) = (a as i32, b as i32);
+    }
+    let all_see = lo.iter().max().copied().unwrap_or(0)..hi.iter().min().copied().unwrap_or(0);
+    for (r, row) in (0i32..).zip(s[..n * LANES].chunks_exact_mut(LANES)) {
+        if all_see.contains(&r) {
+            continue;
+        }
+        for ((x, &a), &b) in row.iter_mut().zip(&lo).zip(&hi) {
+            // All ones where the key is hidden, as a bit mask.
+            let hide = u32::from((r < a) | (r >= b)).wrapping_neg();
+            *x = f32::from_bits(x.to_bits() & !hide | f32::NEG_INFINITY.to_bits() & hide);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mask::Window;
+
+    /// Against `Mask::visible` element by element, for windows that cut panels in every way.
+    #[test]
+    fn apply_mask_hides_exactly_what_the_mask_hides() {
+        let windows = [
+            Window::CAUSAL,
+            Window::new(Some(5), Some(2)),
+            Window::new(Some(0), Some(0)),
+            Window::new(None, Some(3)),
+        ];
+        for window in windows {
+            for (nq, nk) in [(40, 40), (23, 57), (57, 23)] {
+                let mask = Mask::new(window, nq, nk);
+                for first_query in (0..nq).step_by(16) {
+                    let queries = (nq - first_query).min(LANES);
+                    for keys in [0..nk, 3..nk.min(21), nk / 2..nk] {
+                        let mut s: Vec<f32> = (0..keys.len() * LANES).map(|i| i as f32).collect();
+                        apply_mask(&mask, &mut s, first_query, queries, keys.clone());
+                        for (r, j) in keys.clone().enumerate() {
+                            for l in 0..LANES {
+                                let x = s[r * LANES + l];
+                                let hidden = l < queries && !mask.visible(first_query + l, j);
+                                let want = if hidden {
+                                    f32::NEG_INFINITY
+                                } else {
+                                    (r * LANES + l) as f32
+                                };
+                                assert_eq!(x, want, "{window:?} q {} k {j}", first_query + l);
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 }
