@@ -195,16 +195,26 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             let ot = &mut sc.panels.ot[panel * dv * LANES..(panel + 1) * dv * LANES];
             let lse_panel = sc.panels.softmax[panel].finish(ot);
             let queries = self.panel_queries(panel);
-            transpose(&mut sc.rows, dv, ot, LANES, dv, queries.len());
+            let at = p.query_at(&out.layout, b, queries.start, h);
+            // f32 rows straight from the panel; other dtypes through a row buffer.
+            // SAFETY: out[b, i, h, ..] for the panel's queries belong to this task alone.
+            let written = unsafe {
+                out.write_transposed_f32(at, out.layout.row, ot, LANES, (dv, queries.len()))
+            };
+            if !written {
+                transpose(&mut sc.rows, dv, ot, LANES, dv, queries.len());
+            }
             for (l, i) in queries.enumerate() {
                 // SAFETY: out[b, i, h, ..] and lse[b, h, i] belong to this task alone.
                 unsafe {
-                    out.write_row(
-                        p.query_at(&out.layout, b, i, h),
-                        sc.rows[l * dv..(l + 1) * dv]
-                            .iter()
-                            .map(|&o| T::from_f32(o)),
-                    );
+                    if !written {
+                        out.write_row(
+                            p.query_at(&out.layout, b, i, h),
+                            sc.rows[l * dv..(l + 1) * dv]
+                                .iter()
+                                .map(|&o| T::from_f32(o)),
+                        );
+                    }
                     lse.write_row(p.lse_at(b, h, i), std::iter::once(lse_panel[l]));
                 }
             }

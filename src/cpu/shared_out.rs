@@ -2,6 +2,8 @@
 
 use std::marker::PhantomData;
 
+use super::transpose::transpose_to;
+use crate::dtype::{DType, Element};
 use crate::problem::RowLayout;
 
 /// A `&mut [T]` shared by rayon tasks that each own a disjoint set of rows (one task per
@@ -45,5 +47,49 @@ impl<'a, T: Copy> SharedOut<'a, T> {
             // SAFETY: in bounds (checked above); exclusive by the caller's contract.
             unsafe { self.ptr.add(start + o).write(x) };
         }
+    }
+}
+
+impl<T: Element> SharedOut<'_, T> {
+    /// Writes the transpose of `src` (`rows × cols`, row stride `src_rs`) at `start`, its
+    /// column `c` becoming the row at `start + c · row_stride`, when the buffer holds f32;
+    /// returns false (writing nothing) otherwise.
+    ///
+    /// # Safety
+    /// No other task may read or write those `cols` rows of `rows` elements during the
+    /// parallel region.
+    pub(crate) unsafe fn write_transposed_f32(
+        &self,
+        start: usize,
+        row_stride: usize,
+        src: &[f32],
+        src_rs: usize,
+        (rows, cols): (usize, usize),
+    ) -> bool {
+        if T::DTYPE != DType::F32 {
+            return false;
+        }
+        if rows == 0 || cols == 0 {
+            return true;
+        }
+        assert!(
+            start + (cols - 1) * row_stride + rows <= self.len,
+            "rows at {start} (stride {row_stride}) outside the output of {}",
+            self.len
+        );
+        // SAFETY: T is f32 (its DTYPE); the rows are inside the buffer (checked above) and this
+        // task's alone (the caller's contract), and `src` is not part of the buffer, which is
+        // borrowed mutably for the region.
+        unsafe {
+            transpose_to(
+                self.ptr.cast::<f32>().add(start),
+                row_stride,
+                src,
+                src_rs,
+                rows,
+                cols,
+            )
+        };
+        true
     }
 }

@@ -17,6 +17,24 @@ pub(crate) fn transpose(
     transpose_with(cpu_simd(), dst, dst_rs, src, src_rs, rows, cols);
 }
 
+/// [`transpose`] into a destination given by pointer: `dst + c · dst_rs + r` for `r < rows`,
+/// `c < cols` (for rows of a buffer that other threads write elsewhere at the same time).
+///
+/// # Safety
+/// Those destination elements must be valid for writes, and nothing else may read or write them
+/// during the call; `src` must not overlap them.
+pub(crate) unsafe fn transpose_to(
+    dst: *mut f32,
+    dst_rs: usize,
+    src: &[f32],
+    src_rs: usize,
+    rows: usize,
+    cols: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { transpose_raw(cpu_simd(), dst, dst_rs, src, src_rs, rows, cols) }
+}
+
 /// [`transpose`] with the kernels of `simd` (at most [`cpu_simd`]).
 fn transpose_with(
     simd: Simd,
@@ -31,12 +49,33 @@ fn transpose_with(
         return;
     }
     assert!(
-        (rows - 1) * src_rs + cols <= src.len(),
-        "transpose: source out of bounds"
-    );
-    assert!(
         (cols - 1) * dst_rs + rows <= dst.len(),
         "transpose: destination out of bounds"
+    );
+    // SAFETY: every destination element lies inside `dst` (asserted above), which is borrowed
+    // mutably, so nothing else touches it and it does not overlap `src`.
+    unsafe { transpose_raw(simd, dst.as_mut_ptr(), dst_rs, src, src_rs, rows, cols) }
+}
+
+/// The transpose proper (see [`transpose_to`] for the destination's contract).
+///
+/// # Safety
+/// As for [`transpose_to`]; `simd` at most [`cpu_simd`].
+unsafe fn transpose_raw(
+    simd: Simd,
+    dst: *mut f32,
+    dst_rs: usize,
+    src: &[f32],
+    src_rs: usize,
+    rows: usize,
+    cols: usize,
+) {
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    assert!(
+        (rows - 1) * src_rs + cols <= src.len(),
+        "transpose: source out of bounds"
     );
     // Square blocks in registers: 16×16 with AVX-512, 8×8 with AVX2 (also for what the 16×16
     // blocks leave), elements one by one at the edges.
@@ -55,10 +94,11 @@ fn transpose_with(
                     continue;
                 }
                 // SAFETY: the level is available (checked above); the block at (r, c) lies
-                // inside both slices (the bounds asserted above, r + size <= rows and
-                // c + size <= cols), and `dst` is borrowed mutably, so it does not overlap `src`.
+                // inside the source (asserted above, r + size <= rows and c + size <= cols) and
+                // among the destination elements the caller vouches for, which do not overlap
+                // the source.
                 unsafe {
-                    let d = dst.as_mut_ptr().add(c * dst_rs + r);
+                    let d = dst.add(c * dst_rs + r);
                     let s = src.as_ptr().add(r * src_rs + c);
                     if size == 16 {
                         avx512::block16(d, dst_rs, s, src_rs);
@@ -70,15 +110,16 @@ fn transpose_with(
         }
         covered = (full_r, full_c);
     }
-    let scalar = |dst: &mut [f32], rs: std::ops::Range<usize>, cs: std::ops::Range<usize>| {
+    let scalar = |rs: std::ops::Range<usize>, cs: std::ops::Range<usize>| {
         for r in rs {
             for c in cs.clone() {
-                dst[c * dst_rs + r] = src[r * src_rs + c];
+                // SAFETY: a destination element the caller vouches for.
+                unsafe { dst.add(c * dst_rs + r).write(src[r * src_rs + c]) };
             }
         }
     };
-    scalar(dst, 0..covered.0, covered.1..cols);
-    scalar(dst, covered.0..rows, 0..cols);
+    scalar(0..covered.0, covered.1..cols);
+    scalar(covered.0..rows, 0..cols);
 }
 
 #[cfg(target_arch = "x86_64")]
