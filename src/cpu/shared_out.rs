@@ -2,6 +2,7 @@
 
 use std::marker::PhantomData;
 
+use super::simd::cpu_simd;
 use super::transpose::transpose_to;
 use crate::dtype::{DType, Element};
 use crate::problem::RowLayout;
@@ -82,6 +83,7 @@ impl<T: Element> SharedOut<'_, T> {
         // borrowed mutably for the region.
         unsafe {
             transpose_to(
+                cpu_simd(),
                 self.ptr.cast::<f32>().add(start),
                 row_stride,
                 src,

@@ -17,24 +17,6 @@ pub(crate) fn transpose(
     transpose_with(cpu_simd(), dst, dst_rs, src, src_rs, rows, cols);
 }
 
-/// [`transpose`] into a destination given by pointer: `dst + c · dst_rs + r` for `r < rows`,
-/// `c < cols` (for rows of a buffer that other threads write elsewhere at the same time).
-///
-/// # Safety
-/// Those destination elements must be valid for writes, and nothing else may read or write them
-/// during the call; `src` must not overlap them.
-pub(crate) unsafe fn transpose_to(
-    dst: *mut f32,
-    dst_rs: usize,
-    src: &[f32],
-    src_rs: usize,
-    rows: usize,
-    cols: usize,
-) {
-    // SAFETY: the caller's contract.
-    unsafe { transpose_raw(cpu_simd(), dst, dst_rs, src, src_rs, rows, cols) }
-}
-
 /// [`transpose`] with the kernels of `simd` (at most [`cpu_simd`]).
 fn transpose_with(
     simd: Simd,
@@ -54,14 +36,17 @@ fn transpose_with(
     );
     // SAFETY: every destination element lies inside `dst` (asserted above), which is borrowed
     // mutably, so nothing else touches it and it does not overlap `src`.
-    unsafe { transpose_raw(simd, dst.as_mut_ptr(), dst_rs, src, src_rs, rows, cols) }
+    unsafe { transpose_to(simd, dst.as_mut_ptr(), dst_rs, src, src_rs, rows, cols) }
 }
 
-/// The transpose proper (see [`transpose_to`] for the destination's contract).
+/// [`transpose`] with the kernels of `simd` (at most [`cpu_simd`]) into a destination given by
+/// pointer: `dst + c · dst_rs + r` for `r < rows`, `c < cols` (for rows of a buffer that other
+/// threads write elsewhere at the same time).
 ///
 /// # Safety
-/// As for [`transpose_to`]; `simd` at most [`cpu_simd`].
-unsafe fn transpose_raw(
+/// Those destination elements must be valid for writes, and nothing else may read or write them
+/// during the call; `src` must not overlap them.
+pub(crate) unsafe fn transpose_to(
     simd: Simd,
     dst: *mut f32,
     dst_rs: usize,
