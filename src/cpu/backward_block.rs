@@ -15,7 +15,11 @@
 //! of the right operand (see [`super::microkernel`]): A is read in place whatever its strides
 //! (Pᵀ and dSᵀ are transposed views of the score tile), and the right operands are kept
 //! 16-wide: the block's `αKᵀ`, `Vᵀ` and `αK`, zero-padded to multiples of 16 columns once per
-//! block, Q and dO packed (as f32, padded) once per tile. Nothing is repacked per product.
+//! block, Q and dO packed (as f32, padded) once per (sequence, key/value head) for all the key
+//! blocks a thread takes of it (they were packed per tile and key block: 10% of one thread's
+//! backward samples at N=1024, D=64; the whole backward went +8 to +15%, 2026-11-23). Nothing is
+//! repacked per product. Extra memory per thread: the sequence's Q and dO rows of one group of
+//! query heads, besides the dQ partials of `super::backward`.
 //!
 //! Tiles that cross the mask boundary are cut into strips of 16 rows, each multiplying only the
 //! keys it can see (rounded out to 16) and masking per element. With softcap, `dS` is multiplied
@@ -56,9 +60,13 @@ pub(crate) struct Scratch {
     /// dK (`nc × d16`) and dV (`nc × dv16`) accumulators of the block.
     dk: Vec<f32>,
     dv: Vec<f32>,
-    /// Q and dO of a query tile, `rows × d16` / `rows × dv16`.
+    /// Q and dO of every query row of the task's sequence, for each query head of its group:
+    /// `group × nq × d16` / `group × nq × dv16` (zero-padded), packed once per (sequence, key/value
+    /// head) rather than once per key block and tile.
     q: Vec<f32>,
     dout: Vec<f32>,
+    /// The (sequence, key/value head) `q` and `dout` hold.
+    packed_for: Option<(usize, usize)>,
     /// Scores, then probabilities P: `rows × keys16`.
     s: Vec<f32>,
     /// dP, then dS.
@@ -183,6 +191,11 @@ impl<T: CpuElement> BlockCtx<'_, T> {
         let (p, b, hk) = (self.p, self.b, self.hk);
         let (d, dv, nc) = (p.head_dim, p.head_dim_v, keys.len());
         let (d16, dv16, nc16) = (padded(d), padded(dv), padded(nc));
+        if sc.packed_for != Some((b, hk)) {
+            self.pack_queries(&mut sc.q, self.x.q, &p.q, d);
+            self.pack_queries(&mut sc.dout, self.x.dout, &self.l.dout, dv);
+            sc.packed_for = Some((b, hk));
+        }
         for buf in [&mut sc.kt, &mut sc.vt, &mut sc.k] {
             buf.clear();
         }
@@ -276,26 +289,36 @@ impl<T: CpuElement> BlockCtx<'_, T> {
         }
     }
 
-    /// Rows `rows` of head `h` of a query-shaped operand (`dim` wide), converted into `buf`
-    /// (`dim16` wide, zero-padded). Always packed, even f32: read in place, rows `heads · dim`
-    /// apart fall into few L1 sets (at H=32, D=64 the backward ran 13% slower in place).
-    fn query_rows<'s>(
-        &self,
-        src: &[T],
-        layout: &RowLayout,
-        buf: &'s mut Vec<f32>,
-        (h, rows, dim): (usize, Range<usize>, usize),
-    ) -> Strided<'s> {
+    /// Every query row of sequence `b`, for each query head of the task's group, of a
+    /// query-shaped operand (`dim` wide) into `buf` as f32, `dim16` wide and zero-padded:
+    /// `group × nq × dim16`. Packed even when f32: read in place, rows `heads · dim` apart fall
+    /// into few L1 sets (at H=32, D=64 the backward ran 13% slower in place).
+    fn pack_queries(&self, buf: &mut Vec<f32>, src: &[T], layout: &RowLayout, dim: usize) {
         let (p, b) = (self.p, self.b);
-        let dim16 = padded(dim);
+        let (nq, dim16, group) = (p.seqs[b].nq, padded(dim), p.group());
         buf.clear();
-        buf.resize(rows.len() * dim16, 0.0);
-        for (r, i) in rows.enumerate() {
-            let at = p.query_at(layout, b, i, h);
-            T::widen_into(&src[at..at + dim], &mut buf[r * dim16..r * dim16 + dim]);
+        buf.resize(group * nq * dim16, 0.0);
+        for (g, h) in (self.hk * group..(self.hk + 1) * group).enumerate() {
+            for i in 0..nq {
+                let at = p.query_at(layout, b, i, h);
+                let r = (g * nq + i) * dim16;
+                T::widen_into(&src[at..at + dim], &mut buf[r..r + dim]);
+            }
         }
+    }
+
+    /// Rows `rows` of query head `h` in a buffer of [`Self::pack_queries`] (`dim16` wide).
+    fn packed_rows<'s>(
+        &self,
+        buf: &'s [f32],
+        h: usize,
+        rows: Range<usize>,
+        dim: usize,
+    ) -> Strided<'s> {
+        let (nq, dim16) = (self.p.seqs[self.b].nq, padded(dim));
+        let g = h - self.hk * self.p.group();
         Strided {
-            data: buf,
+            data: &buf[(g * nq + rows.start) * dim16..(g * nq + rows.end) * dim16],
             rs: dim16,
             cs: 1,
         }
@@ -330,13 +353,14 @@ impl<T: CpuElement> BlockCtx<'_, T> {
             dv: dv_acc,
             q: q_buf,
             dout: dout_buf,
+            packed_for: _,
             s,
             ds,
             dcap,
             fold,
         } = sc;
-        let q = self.query_rows(self.x.q, &p.q, q_buf, (h, rows.clone(), d));
-        let dout = self.query_rows(self.x.dout, &self.l.dout, dout_buf, (h, rows.clone(), dv));
+        let q = self.packed_rows(q_buf, h, rows.clone(), d);
+        let dout = self.packed_rows(dout_buf, h, rows.clone(), dv);
         s.resize(nr * nc16, 0.0);
         ds.resize(nr * nc16, 0.0);
         let (s, ds) = (&mut s[..nr * nc16], &mut ds[..nr * nc16]);
