@@ -8,6 +8,9 @@
 //!   side by side, one pointer;
 //! * any strides (the same kernel as the columns' with the row stride read at run time; for
 //!   the last rows of a rows-contiguous product, and no other caller today).
+//!
+//! [`product_exp`] runs the first block of a columns-contiguous product with the softmax's
+//! exponentials of B computed inside its loop (see `softmax_product`).
 
 use std::arch::x86_64::*;
 
