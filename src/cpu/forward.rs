@@ -109,7 +109,7 @@ pub(crate) fn run<T: CpuElement>(
         p.head_dim,
         p.head_dim_v,
         p.max_nk,
-        [p.k.row, p.v.row],
+        ([p.k.row, p.v.row], T::as_f32_slice(x.k).is_some()),
         rows / rayon::current_num_threads(),
     );
     let mut tasks: Vec<Task> = (0..p.batch)

@@ -18,8 +18,8 @@ pub(crate) struct ForwardTiles {
 const L2_BYTES: usize = 1 << 20;
 
 /// Tiles for head dims `d` (Q, K) and `dv` (V), at most `nk` keys per sequence, K and V rows
-/// `kv_strides` elements apart, and `rows_per_thread` query rows (over all heads and sequences)
-/// per rayon thread.
+/// `kv_strides` elements apart and f32 or not (`f32_inputs`), and `rows_per_thread` query rows
+/// (over all heads and sequences) per rayon thread.
 ///
 /// The key block (`block_k` rows of K and V, `block_k · (d + dv) · 4` bytes, read in place or
 /// converted once) is kept near 128 KiB so it stays in the 1 MiB L2 of a core while each of the
@@ -30,7 +30,8 @@ const L2_BYTES: usize = 1 << 20;
 /// from one task to the next. Otherwise every task streams its head's K and V through the
 /// caches again, or its in-place rows keep evicting each other from L1, so tasks take 512
 /// queries (four times fewer streams), and copy each key block into packed rows once for all
-/// their panels when the rows are not packed already or alias. Tasks of 512 queries only when
+/// their panels when the rows are not packed already or alias. f16/bf16 inputs, whose key
+/// blocks every task converts to f32, take 512-query tasks too. Tasks of 512 queries only when
 /// every thread gets at least four of them: on many cores, more tasks beat cheaper ones.
 ///
 /// Measured on the 2-core Zen 5 VM (AMD EPYC, 2026-11-22, AVX2 kernels), f32, B=1, H=8, D=64,
@@ -45,12 +46,14 @@ const L2_BYTES: usize = 1 << 20;
 /// N=1024 and 2048, full and causal, GFLOP per CPU-second, 128-query tasks copying each block
 /// → 512-query tasks: H=16 D=64 377→416, 318→360, 390→429, 347→399; H=32 D=64 364→407,
 /// 307→353, 382→425, 330→390; H=32 D=128 404→438, 344→386 (N=2048 unchanged: already long);
-/// H=8 D=128 429→455, 398→415 (2026-11-23).
+/// H=8 D=128 429→455, 398→415; bf16 and f16 inputs (H=8, D=64, N=1024, wall clock), full
+/// 328–369→415–420 and 329–359→384–397, causal 298–329→331–348 and 300–309→324–330
+/// (2026-11-23).
 pub(crate) fn forward_tiles(
     d: usize,
     dv: usize,
     nk: usize,
-    kv_strides: [usize; 2],
+    (kv_strides, f32_inputs): ([usize; 2], bool),
     rows_per_thread: usize,
 ) -> ForwardTiles {
     let key_floats = 32 * 1024;
@@ -58,7 +61,8 @@ pub(crate) fn forward_tiles(
     let head_bytes = nk.saturating_mul(d + dv).saturating_mul(size_of::<f32>());
     let long = head_bytes > L2_BYTES;
     let aliases = kv_strides.iter().any(|&s| aliases_in_l1(s));
-    let big = (long || aliases) && rows_per_thread >= 4 * 512;
+    // f16/bf16 key blocks are converted to f32 by every task that uses them.
+    let big = (long || aliases || !f32_inputs) && rows_per_thread >= 4 * 512;
     ForwardTiles {
         block_q: if big { 512 } else { 128 },
         block_k,
@@ -89,10 +93,13 @@ mod tests {
 
     #[test]
     fn tiles_shrink_with_the_head_dim() {
-        assert_eq!(forward_tiles(64, 64, 1024, [512; 2], MANY).block_k, 256);
-        assert!(forward_tiles(512, 512, 1024, [512; 2], MANY).block_k >= 32);
+        assert_eq!(
+            forward_tiles(64, 64, 1024, ([512; 2], true), MANY).block_k,
+            256
+        );
+        assert!(forward_tiles(512, 512, 1024, ([512; 2], true), MANY).block_k >= 32);
         for d in [1, 8, 80, 96, 512] {
-            let t = forward_tiles(d, d, 1024, [d; 2], MANY);
+            let t = forward_tiles(d, d, 1024, ([d; 2], true), MANY);
             assert!(t.block_k * (2 * d) * 4 <= 256 * 1024 || t.block_k == 32);
         }
     }
@@ -100,12 +107,12 @@ mod tests {
     #[test]
     fn long_heads_take_bigger_query_blocks_and_pack_interleaved_rows() {
         // [B, N, H, D] with H = 8, D = 64: rows 512 apart.
-        let short = forward_tiles(64, 64, 1024, [512; 2], MANY);
+        let short = forward_tiles(64, 64, 1024, ([512; 2], true), MANY);
         assert_eq!((short.block_q, short.pack_kv), (128, false));
-        let long = forward_tiles(64, 64, 16384, [512; 2], MANY);
+        let long = forward_tiles(64, 64, 16384, ([512; 2], true), MANY);
         assert_eq!((long.block_q, long.pack_kv), (512, true));
         // [B, H, N, D]: rows already packed.
-        let packed = forward_tiles(64, 64, 16384, [64; 2], MANY);
+        let packed = forward_tiles(64, 64, 16384, ([64; 2], true), MANY);
         assert_eq!((packed.block_q, packed.pack_kv), (512, false));
     }
 
@@ -113,13 +120,16 @@ mod tests {
     fn rows_aliasing_in_l1_are_packed_by_bigger_tasks_unless_threads_would_idle() {
         // H = 32, D = 64: rows 8 KiB apart; and V alone aliasing.
         for strides in [[2048, 2048], [512, 1024]] {
-            let t = forward_tiles(64, 64, 1024, strides, MANY);
+            let t = forward_tiles(64, 64, 1024, (strides, true), MANY);
             assert_eq!((t.block_q, t.pack_kv), (512, true), "{strides:?}");
         }
         // Fewer than four 512-query tasks a thread: 128-query tasks, still packed.
-        let few = forward_tiles(64, 64, 1024, [2048; 2], 1024);
+        let few = forward_tiles(64, 64, 1024, ([2048; 2], true), 1024);
         assert_eq!((few.block_q, few.pack_kv), (128, true));
-        let long_few = forward_tiles(64, 64, 16384, [512; 2], 1024);
+        let long_few = forward_tiles(64, 64, 16384, ([512; 2], true), 1024);
         assert_eq!((long_few.block_q, long_few.pack_kv), (128, true));
+        // f16/bf16: converted per block anyway, so bigger tasks (not "packed": converted).
+        let half = forward_tiles(64, 64, 1024, ([512; 2], false), MANY);
+        assert_eq!((half.block_q, half.pack_kv), (512, false));
     }
 }
