@@ -69,6 +69,11 @@ fn across_key_blocks() {
         Case::new(700, 650, 64)
             .heads(16, 8)
             .window(Some(300), Some(20)),
+        // f16/bf16 key blocks are converted per task, so these tasks also take 512 queries.
+        Case::new(600, 640, 64)
+            .heads(8, 8)
+            .causal()
+            .dtype(DType::BF16),
         Case::new(0, 0, 16).varlen(&[(130, 300), (0, 5), (70, 0), (257, 257)]),
         Case::new(0, 0, 64)
             .varlen(&[(200, 260), (1, 1), (65, 64)])
