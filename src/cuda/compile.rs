@@ -2,7 +2,7 @@
 //!
 //! A [`KernelSource`] is one complete translation unit (its headers pasted in, NVRTC gets no
 //! include path). [`compile_ptx`] needs only libnvrtc, no GPU: CI uses it to compile every variant.
-//! [`function`] gives the loaded kernel on a GPU: from an in-memory cache, else from the disk
+//! `function` gives the loaded kernel on a GPU: from an in-memory cache, else from the disk
 //! cache (a cubin file), else compiled by NVRTC and written to the disk cache. Both caches are
 //! keyed by a hash of the source, the entry point, the NVRTC options, the architecture and the
 //! NVRTC version. Every load that misses the in-memory cache is kept as a [`CompileRecord`].
