@@ -6,8 +6,9 @@
 //! forward, halved when causal, ×2.5 for the backward; criterion's "elements" are these FLOPs, so
 //! its `thrpt` reads as FLOP/s. The ceiling is a gemm-crate sgemm of 1024×1024×1024 on all
 //! threads (AVX-512 where the CPU has it: the crate is built with its `x86-v4` feature),
-//! measured before and after the attention runs; the higher rate is used. A summary line per configuration gives GFLOP/s and the percentage of the GEMM rate
-//! three ways: from the fastest of criterion's samples, from the median sample, and from the
+//! measured before and after the attention runs; the higher rate is used. A summary line per
+//! configuration gives GFLOP/s and the percentage of the GEMM rate three ways: from the fastest
+//! of criterion's samples, from the median sample, and from the
 //! process CPU time of all samples (Linux `/proc/self/stat`), counted as if every rayon thread
 //! had a core to itself: on a machine shared with other jobs, wall-clock samples also measure
 //! the others, while CPU time does not (idle-spinning rayon workers still count against us).
