@@ -347,7 +347,8 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             shift[w] = sc.softmax[panel].rescale(st, tile_max, ot);
         }
         let mut sums = [[0f32; LANES]; 2];
-        for piece in pieces.iter().flatten() {
+        // One product per run of keys: the cuts for exact maxima do not matter here.
+        for piece in merged(&pieces).iter().flatten() {
             let (w, keys) = (piece.first, &piece.keys);
             let piece_sums = softmax_product(
                 &mut ot[w * dv * LANES..],
@@ -463,7 +464,9 @@ fn contains(outer: &Range<usize>, inner: &Range<usize>) -> bool {
 /// The keys each panel of a pair sees (`seen`, empty for a missing panel), cut into pieces:
 /// the keys both see, once for both, then what only one sees, for that one (at most seven).
 /// The keys both see are cut again where they leave `full` (the keys every query of a panel
-/// sees) of either panel, so that a piece's maximum is exact for a panel or not at all.
+/// sees) of either panel, so that the products' maxima of the piece in between are exact for
+/// both panels (that cut moves back to a whole number of four-key groups; a piece reaching
+/// past a panel's `full` keys gets that panel's maxima after the mask).
 fn pieces(seen: &[Range<usize>; 2], full: &[Range<usize>; 2]) -> [Option<Piece>; 7] {
     let mut out: [Option<Piece>; 7] = Default::default();
     let piece =
@@ -474,8 +477,14 @@ fn pieces(seen: &[Range<usize>; 2], full: &[Range<usize>; 2]) -> [Option<Piece>;
         out[1] = piece(1, seen[1].clone(), false);
         return out;
     }
-    let core = full[0].start.max(full[1].start).max(common.start)
+    let mut core = full[0].start.max(full[1].start).max(common.start)
         ..full[0].end.min(full[1].end).min(common.end);
+    // A whole number of the products' four-key groups: a causal diagonal's core ends one key
+    // past a multiple of 16, and the leftover keys move to the next piece (whose maxima come
+    // after the mask anyway) instead of running as a 1-key product.
+    if core.len() > 4 {
+        core.end -= core.len() % 4;
+    }
     if core.is_empty() {
         out[0] = piece(0, common.clone(), true);
     } else {
@@ -486,6 +495,24 @@ fn pieces(seen: &[Range<usize>; 2], full: &[Range<usize>; 2]) -> [Option<Piece>;
     for (w, keys) in seen.iter().enumerate() {
         out[3 + 2 * w] = piece(w, keys.start..common.start, false);
         out[4 + 2 * w] = piece(w, common.end..keys.end, false);
+    }
+    out
+}
+
+/// `pieces` with neighbours on the same panels joined: the keys both panels see become one
+/// piece again.
+fn merged(pieces: &[Option<Piece>; 7]) -> [Option<Piece>; 7] {
+    let mut out: [Option<Piece>; 7] = Default::default();
+    let mut n = 0usize;
+    for p in pieces.iter().flatten() {
+        if let Some(last) = n.checked_sub(1).and_then(|i| out[i].as_mut())
+            && (last.first, last.both, last.keys.end) == (p.first, p.both, p.keys.start)
+        {
+            last.keys.end = p.keys.end;
+            continue;
+        }
+        out[n] = Some(p.clone());
+        n += 1;
     }
     out
 }
@@ -563,24 +590,40 @@ mod tests {
             for w in 0..2 {
                 assert_eq!(got[w], seen[w].clone().collect::<Vec<_>>(), "{seen:?}");
             }
-            // A piece lies within a panel's full keys or leaves them: never straddles their
-            // start or end inside the keys both panels see.
+            // The keys both panels see in full run as whole four-key groups (or fewer than
+            // four keys); a piece that straddles the end of a panel's full keys took at most
+            // three of them, and none straddles a start.
             for p in pieces.iter().flatten().filter(|p| p.both) {
+                if full.iter().all(|f| contains(f, &p.keys)) {
+                    assert!(p.keys.len() % 4 == 0 || p.keys.len() < 4, "{p:?}");
+                }
                 for f in &full {
-                    for edge in [f.start, f.end] {
-                        assert!(!(p.keys.start < edge && edge < p.keys.end), "{p:?} {f:?}");
+                    let inside = |edge: usize| p.keys.start < edge && edge < p.keys.end;
+                    assert!(!inside(f.start), "{p:?} {f:?}");
+                    if inside(f.end) {
+                        assert!(f.end - p.keys.start < 4, "{p:?} {f:?}");
                     }
                 }
             }
+            // Merged, the pieces still cover each panel's keys once, in fewer products.
+            let joined = merged(&pieces);
+            assert_eq!(cover(&joined), got);
+            assert!(joined.iter().flatten().count() <= pieces.iter().flatten().count());
         }
         let all = pieces(&[0..256, 0..256], &[0..256, 0..256]);
         assert_eq!(all.iter().flatten().count(), 1);
         assert!(all.iter().flatten().all(|p| p.both && p.keys == (0..256)));
         let causal = pieces(&[0..32, 0..48], &[0..17, 0..33]);
         let got: Vec<_> = causal.iter().flatten().cloned().collect();
-        let want = [(0..17, 0, true), (17..32, 0, true), (32..48, 1, false)];
+        let want = [(0..16, 0, true), (16..32, 0, true), (32..48, 1, false)];
         assert_eq!(got.len(), want.len());
         for (p, (keys, first, both)) in got.iter().zip(want) {
+            assert_eq!((p.keys.clone(), p.first, p.both), (keys, first, both));
+        }
+        let joined: Vec<_> = merged(&causal).into_iter().flatten().collect();
+        let want = [(0..32, 0, true), (32..48, 1, false)];
+        assert_eq!(joined.len(), want.len());
+        for (p, (keys, first, both)) in joined.iter().zip(want) {
             assert_eq!((p.keys.clone(), p.first, p.both), (keys, first, both));
         }
     }
