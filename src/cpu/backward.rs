@@ -136,6 +136,10 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
                 alpha,
                 block_q: tiles.block_q,
             };
+            // The partials come zeroed but maybe untouched (fresh pages): writing them before
+            // the products read them spares each page a read fault on the shared zero page and
+            // then a copy-on-write fault, which flushes the other threads' TLBs.
+            task.dq.fill(0.0);
             let nk = p.seqs[task.b].nk;
             let mut k0 = task.chunk * tiles.block_k;
             while k0 < nk {

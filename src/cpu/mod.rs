@@ -20,6 +20,7 @@ mod tile_config;
 mod transpose;
 
 use half::{bf16, f16};
+use rayon::prelude::*;
 
 use crate::attention::{ForwardOutput, Gradients};
 use crate::dtype::DType;
@@ -46,12 +47,23 @@ fn alloc_like<T: CpuElement>(like: &Tensor, shape: &[usize], poison: f32) -> Res
     let strides = strides_like(like, shape);
     let n = shape.iter().product();
     Tensor::from_cpu_storage(
-        T::wrap(vec![T::from_f32(poison); n]),
+        T::wrap(poisoned(n, T::from_f32(poison))),
         shape,
         &strides,
         0,
         "out",
     )
+}
+
+/// `n` copies of `x`; large buffers are written by all threads, so that their fresh pages are
+/// faulted in parallel rather than by the calling thread alone while the others wait.
+fn poisoned<T: CpuElement>(n: usize, x: T) -> Vec<T> {
+    if n < 1 << 16 {
+        return vec![x; n];
+    }
+    let mut v = Vec::with_capacity(n);
+    v.par_extend(rayon::iter::repeat_n(x, n));
+    v
 }
 
 fn alloc_f32(shape: &[usize], value: f32) -> Result<Tensor> {
