@@ -1,18 +1,24 @@
 #!/usr/bin/env python3
-"""flashattn's CPU forward next to PyTorch's CPU flash attention, in one run on one machine.
+"""flashattn's CPU forward and backward next to PyTorch's CPU flash attention, in one run on one
+machine.
 
 Times torch.nn.functional.scaled_dot_product_attention forced to the CPU flash-attention backend
 (sdpa_kernel(SDPBackend.FLASH_ATTENTION)) on --threads threads, and the release CLI
 (`flashattn bench --json`, its rayon pool set to the same number of threads by RAYON_NUM_THREADS)
-on the same shapes: f32, B=1, H=8, D=64, N in {1024, 4096}, causal and not. q, k, v are fresh
+on the same shapes: f32, B=1, H=8, D=64, N in {1024, 4096}, causal and not; the forward, the
+backward or both (--pass). q, k, v are fresh
 random values (torch.randn; the CLI draws its own from --seed) stored as [B, N, H, D], the CLI's
 default layout; torch gets the transposed [B, H, N, D] view of that memory (--contiguous: a
 contiguous [B, H, N, D] copy instead). Once per shape the torch flash output is checked against
-the math backend (max abs error), so the flash kernel is known to have run and to be right.
+the math backend (max abs error; for the backward, of dq, dk and dv against the math backend's
+gradients for the same random dout), so the flash kernel is known to have run and to be right.
+torch's backward is timed as torch.autograd.grad of one retained forward graph (its flash
+backward kernel, no forward), as the CLI's --pass backward times only the backward.
 
 The methods are interleaved shape by shape, torch first in even rounds and flashattn first in odd
 ones (--rounds), and the same run times torch.matmul on a 1024x1024x1024 f32 GEMM each round as
-the machine's ceiling. FLOPs = 4*B*H*N^2*D (causal: half); GEMM FLOPs = 2*M*N*K. torch rates are
+the machine's ceiling. FLOPs = 4*B*H*N^2*D (causal: half), times 2.5 for the backward; GEMM
+FLOPs = 2*M*N*K. torch rates are
 given three ways: from the fastest wall-clock sample, from the median sample, and from the
 process CPU time of all timed calls counted as if each thread had a core to itself
 (flops * calls / (cpu_seconds / threads), as the Rust bench does). The CLI reports only the
@@ -41,6 +47,8 @@ def parse_args():
     p.add_argument("--flashattn", default="target/release/flashattn", help="the release CLI")
     p.add_argument("--seqlens", default="1024,4096")
     p.add_argument("--causal", default="both", choices=["both", "true", "false"])
+    p.add_argument("--pass", dest="passes", default="forward",
+                   choices=["forward", "backward", "both"])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
@@ -56,9 +64,10 @@ def parse_args():
     return p.parse_args()
 
 
-def attention_flops(b, h, n, d, causal):
+def attention_flops(b, h, n, d, causal, pass_):
     f = 4.0 * b * h * n * n * d
-    return f / 2 if causal else f
+    f = f / 2 if causal else f
+    return 2.5 * f if pass_ == "backward" else f
 
 
 def time_calls(fn, warmup, samples):
@@ -74,32 +83,49 @@ def time_calls(fn, warmup, samples):
     return wall, time.process_time() - cpu0
 
 
-def qkv(torch, args, n, gen):
+def qkv(torch, args, n, gen, grad=False):
+    """q, k, v as torch wants them ([B, H, N, D] views) and the tensors that own their memory
+    (the ones gradients are taken of)."""
     b, h, d = args.batch, args.heads, args.head_dim
-    if args.contiguous:
-        return [torch.randn(b, h, n, d, generator=gen) for _ in range(3)]
-    return [torch.randn(b, n, h, d, generator=gen).transpose(1, 2) for _ in range(3)]
+    shape = (b, h, n, d) if args.contiguous else (b, n, h, d)
+    owners = [torch.randn(*shape, generator=gen).requires_grad_(grad) for _ in range(3)]
+    views = owners if args.contiguous else [t.transpose(1, 2) for t in owners]
+    return views, owners
 
 
-def check_flash(torch, args, n, causal, gen):
-    """Max abs difference of the flash backend's output from the math backend's."""
+def attention(torch, backend, q, k, v, causal):
     import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    q, k, v = qkv(torch, args, n, gen)
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        flash = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    with sdpa_kernel(SDPBackend.MATH):
-        math = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return (flash - math).abs().max().item()
+    from torch.nn.attention import sdpa_kernel
+    with sdpa_kernel(backend):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def run_torch(torch, args, n, causal, gen):
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    q, k, v = qkv(torch, args, n, gen)
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        return time_calls(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                          args.warmup, args.samples)
+def check_flash(torch, args, n, causal, pass_, gen):
+    """Max abs difference of the flash backend's output (or gradients) from the math backend's."""
+    from torch.nn.attention import SDPBackend
+    (q, k, v), owners = qkv(torch, args, n, gen, grad=pass_ == "backward")
+    flash = attention(torch, SDPBackend.FLASH_ATTENTION, q, k, v, causal)
+    math = attention(torch, SDPBackend.MATH, q, k, v, causal)
+    if pass_ == "forward":
+        return (flash - math).abs().max().item()
+    dout = torch.randn(flash.shape, generator=gen)
+    gf = torch.autograd.grad(flash, owners, dout)
+    gm = torch.autograd.grad(math, owners, dout)
+    return max((a - b).abs().max().item() for a, b in zip(gf, gm))
+
+
+def run_torch(torch, args, n, causal, pass_, gen):
+    from torch.nn.attention import SDPBackend
+    (q, k, v), owners = qkv(torch, args, n, gen, grad=pass_ == "backward")
+    if pass_ == "forward":
+        with torch.no_grad():
+            return time_calls(
+                lambda: attention(torch, SDPBackend.FLASH_ATTENTION, q, k, v, causal),
+                args.warmup, args.samples)
+    out = attention(torch, SDPBackend.FLASH_ATTENTION, q, k, v, causal)
+    dout = torch.randn(out.shape, generator=gen)
+    return time_calls(lambda: torch.autograd.grad(out, owners, dout, retain_graph=True),
+                      args.warmup, args.samples)
 
 
 def run_gemm(torch, args, gen):
@@ -108,12 +134,12 @@ def run_gemm(torch, args, gen):
     return time_calls(lambda: torch.matmul(a, b), args.warmup, 2 * args.samples)
 
 
-def run_flashattn(args, n, causal, seed):
+def run_flashattn(args, n, causal, pass_, seed):
     """GFLOP/s of the CLI's fastest of --samples runs (after its one untimed run)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "fa.json")
-        cmd = [args.flashattn, "bench", "--device", "cpu", "--dtype", "f32", "--pass", "forward",
-               "--seqlens", str(n), "--head-dims", str(args.head_dim),
+        cmd = [args.flashattn, "bench", "--device", "cpu", "--dtype", "f32",
+               "--seqlens", str(n), "--head-dims", str(args.head_dim), "--pass", pass_,
                "--causal", "yes" if causal else "no", "--batch", str(args.batch),
                "--heads", str(args.heads), "--repeats", str(args.samples), "--no-standard",
                "--seed", str(seed), "--json", out]
@@ -122,7 +148,7 @@ def run_flashattn(args, n, causal, seed):
         if r.returncode != 0 or not os.path.exists(out):
             sys.exit(f"$ {' '.join(cmd)}\nfailed with status {r.returncode}:\n{r.stdout}{r.stderr}")
         with open(out) as f:
-            rows = [x for x in json.load(f) if x["method"] == "flashattn"]
+            rows = [x for x in json.load(f) if x["method"] == "flashattn" and x["pass"] == pass_]
     return rows[0]["gflops"]
 
 
@@ -141,7 +167,8 @@ def main():
     gen = torch.Generator().manual_seed(2026)
     seqlens = [int(x) for x in args.seqlens.split(",")]
     masks = {"both": [False, True], "true": [True], "false": [False]}[args.causal]
-    shapes = [(n, c) for n in seqlens for c in masks]
+    passes = ["forward", "backward"] if args.passes == "both" else [args.passes]
+    shapes = [(n, c, p) for p in passes for n in seqlens for c in masks]
     print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
           f"{torch.get_num_threads()} threads; flashattn {args.flashattn}, "
           f"RAYON_NUM_THREADS={args.threads}", flush=True)
@@ -174,22 +201,24 @@ def main():
     print()
     print(f"f32, B={b}, H={h}, D={d}; torch q/k/v {layout}, flashattn [B, N, H, D]; "
           f"{args.rounds} rounds x {args.samples} samples (torch after {args.warmup} warm-up "
-          f"calls, flashattn after 1), FLOPs = 4*B*H*N^2*D (causal /2)")
+          f"calls, flashattn after 1), FLOPs = 4*B*H*N^2*D (causal /2, backward x2.5)")
     print(f"f32 GEMM {g}x{g}x{g} (torch.matmul): fastest {gemm_rates['fastest']:.1f}, median "
           f"{gemm_rates['median']:.1f}, CPU time {gemm_rates['cpu_time']:.1f} GFLOP/s")
     print("GFLOP/s from the FASTEST WALL-CLOCK sample on both sides (the flashattn CLI reports "
           "no CPU-time rate); torch's median and CPU-time rates beside them")
-    print(f"{'N':>6} {'causal':>6} | {'torch':>7} {'flashattn':>9} {'fa/torch':>8} | "
+    print(f"{'pass':>8} {'N':>6} {'causal':>6} | {'torch':>7} {'flashattn':>9} {'fa/torch':>8} | "
           f"{'torch med':>9} {'torch CPU':>9} | {'max|flash-math|':>15}")
     rows = []
     for s in shapes:
-        n, causal = s
-        tr = rates(attention_flops(b, h, n, d, causal), th[s]["wall"], th[s]["cpu"], args.threads)
+        n, causal, pass_ = s
+        tr = rates(attention_flops(b, h, n, d, causal, pass_), th[s]["wall"], th[s]["cpu"],
+                   args.threads)
         fa_best = max(fa[s])
-        print(f"{n:>6} {str(causal):>6} | {tr['fastest']:>7.1f} {fa_best:>9.1f} "
+        print(f"{pass_:>8} {n:>6} {str(causal):>6} | {tr['fastest']:>7.1f} {fa_best:>9.1f} "
               f"{fa_best / tr['fastest']:>7.2f}x | {tr['median']:>9.1f} {tr['cpu_time']:>9.1f} | "
               f"{errors[s]:>15.2e}")
-        rows.append({"batch": b, "heads": h, "seqlen": n, "head_dim": d, "causal": causal,
+        rows.append({"pass": pass_, "batch": b, "heads": h, "seqlen": n, "head_dim": d,
+                     "causal": causal,
                      "torch_gflops": tr, "torch_samples_s": th[s]["wall"],
                      "torch_cpu_s": th[s]["cpu"], "flashattn_gflops_fastest_per_round": fa[s],
                      "max_abs_err_flash_vs_math": errors[s]})

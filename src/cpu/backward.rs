@@ -99,7 +99,8 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
     let chunks = key_chunks(p, tiles.block_k);
     let row_len = p.group() * padded(p.head_dim);
     let part_len = p.total_q * row_len;
-    let mut partials = vec![0f32; chunks * p.heads_kv * part_len];
+    // Zeros written by all threads (see `filled`: the products read the partials first).
+    let mut partials = super::filled(chunks * p.heads_kv * part_len, 0f32);
 
     let dk = SharedOut::new(o.dk, l.dk);
     let dv = SharedOut::new(o.dv, l.dv);
@@ -136,10 +137,6 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
                 alpha,
                 block_q: tiles.block_q,
             };
-            // The partials come zeroed but maybe untouched (fresh pages): writing them before
-            // the products read them spares each page a read fault on the shared zero page and
-            // then a copy-on-write fault, which flushes the other threads' TLBs.
-            task.dq.fill(0.0);
             let nk = p.seqs[task.b].nk;
             let mut k0 = task.chunk * tiles.block_k;
             while k0 < nk {

@@ -47,7 +47,7 @@ fn alloc_like<T: CpuElement>(like: &Tensor, shape: &[usize], poison: f32) -> Res
     let strides = strides_like(like, shape);
     let n = shape.iter().product();
     Tensor::from_cpu_storage(
-        T::wrap(poisoned(n, T::from_f32(poison))),
+        T::wrap(filled(n, T::from_f32(poison))),
         shape,
         &strides,
         0,
@@ -56,8 +56,11 @@ fn alloc_like<T: CpuElement>(like: &Tensor, shape: &[usize], poison: f32) -> Res
 }
 
 /// `n` copies of `x`; large buffers are written by all threads, so that their fresh pages are
-/// faulted in parallel rather than by the calling thread alone while the others wait.
-fn poisoned<T: CpuElement>(n: usize, x: T) -> Vec<T> {
+/// faulted in parallel rather than by the calling thread alone while the others wait. (Written,
+/// not merely zeroed by the allocator: pages handed out untouched and then read before they are
+/// written take a read fault on the shared zero page and then a copy-on-write fault that
+/// flushes every thread's TLB.)
+fn filled<T: Copy + Send + Sync>(n: usize, x: T) -> Vec<T> {
     if n < 1 << 16 {
         return vec![x; n];
     }
