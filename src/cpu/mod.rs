@@ -72,7 +72,7 @@ fn filled<T: Copy + Send + Sync>(n: usize, x: T) -> Vec<T> {
 fn alloc_f32(shape: &[usize], value: f32) -> Result<Tensor> {
     let n = shape.iter().product();
     Tensor::from_cpu_storage(
-        CpuStorage::F32(vec![value; n]),
+        CpuStorage::F32(filled(n, value)),
         shape,
         &contiguous_strides(shape),
         0,
