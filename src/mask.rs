@@ -103,15 +103,24 @@ impl Mask {
         }
     }
 
+    /// The keys every query in `rows` sees (empty when there are none, or no rows).
+    pub fn keys_seen_by_all(&self, rows: std::ops::Range<usize>) -> std::ops::Range<usize> {
+        if rows.is_empty() {
+            return 0..0;
+        }
+        // The window's lower edge is tightest for the last row, the upper edge for the first.
+        let lo = self.key_range(rows.end - 1).start;
+        let hi = self.key_range(rows.start).end;
+        lo..hi.max(lo)
+    }
+
     /// True when every query in `rows` sees every key in `keys`: such a tile needs no masking.
     pub fn tile_is_full(&self, rows: std::ops::Range<usize>, keys: std::ops::Range<usize>) -> bool {
         if rows.is_empty() || keys.is_empty() {
             return true;
         }
-        // The window's lower edge is tightest for the first row, the upper edge for the last.
-        let lo = self.key_range(rows.end - 1).start;
-        let hi = self.key_range(rows.start).end;
-        lo <= keys.start && keys.end <= hi
+        let all = self.keys_seen_by_all(rows);
+        all.start <= keys.start && keys.end <= all.end
     }
 
     /// True when no query in `rows` sees any key in `keys`.
@@ -152,6 +161,11 @@ mod tests {
             }
             for q0 in (0..nq).step_by(bs) {
                 let rows = q0..(q0 + bs).min(nq);
+                let by_all: Vec<usize> = (0..nk)
+                    .filter(|&j| rows.clone().all(|i| m.visible(i, j)))
+                    .collect();
+                let got: Vec<usize> = m.keys_seen_by_all(rows.clone()).collect();
+                assert_eq!(got, by_all, "{w:?} nq={nq} nk={nk} rows {rows:?}");
                 for k0 in (0..nk).step_by(bs) {
                     let keys = k0..(k0 + bs).min(nk);
                     let any = rows.clone().any(|i| keys.clone().any(|j| m.visible(i, j)));

@@ -259,14 +259,9 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         let seen = queries
             .clone()
             .map(|q| clip(self.mask.key_range_for_rows(q)));
-        // Keys every query of a panel sees: from the last query's first key to the first
-        // query's last (empty when the edges cross).
+        // Keys every query of a panel sees, within the block.
         let full = std::array::from_fn(|w| {
-            let q = &queries[w];
-            if q.is_empty() {
-                return 0..0;
-            }
-            let keys = self.mask.key_range(q.end - 1).start..self.mask.key_range(q.start).end;
+            let keys = self.mask.keys_seen_by_all(queries[w].clone());
             let lo = keys.start.max(seen[w].start);
             lo..keys.end.min(seen[w].end).max(lo)
         });
