@@ -3,6 +3,7 @@
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::outputs::{Layout, expect_writable};
 use crate::params::AttentionParams;
 use crate::problem::{Problem, expect_like};
 use crate::tensor::{Device, Tensor};
@@ -114,6 +115,138 @@ pub fn backward(
     dout: &Tensor,
     params: &AttentionParams,
 ) -> Result<Gradients> {
+    let p = backward_problem(q, k, v, out, lse, dout, params)?;
+    match p.device {
+        Device::Cpu => crate::cpu::backward(&p, [q, k, v, out, lse, dout]),
+        Device::Cuda(_) => Err(unsupported_backward()),
+    }
+}
+
+/// [`forward`] into tensors the caller owns, so that a loop of calls allocates nothing: `out`
+/// shaped like [`ForwardOutput::out`] in q's dtype (any strides that reach each element once,
+/// head dimension contiguous) and `lse` shaped like [`ForwardOutput::lse`], f32, contiguous. Both
+/// must be tensors no other tensor shares a buffer with (not clones or views of another), on
+/// q's device. Every element of both is overwritten; nothing is written unless every argument
+/// is valid. CPU only for now (a CUDA tensor gives [`Error::Unsupported`]).
+///
+/// ```
+/// use flashattn::{AttentionParams, DType, Tensor, forward, forward_into};
+/// let x: Vec<f32> = (0..3 * 2 * 8).map(|i| (i as f32 * 0.3).sin()).collect();
+/// let q = Tensor::from_vec(x, &[1, 3, 2, 8])?;
+/// let p = AttentionParams::default().causal();
+/// let mut out = Tensor::full(&[1, 3, 2, 8], DType::F32, 0.0)?;
+/// let mut lse = Tensor::full(&[1, 2, 3], DType::F32, 0.0)?;
+/// for _ in 0..2 {
+///     forward_into(&q, &q, &q, &p, &mut out, &mut lse)?;
+/// }
+/// assert_eq!(out.to_vec::<f32>()?, forward(&q, &q, &q, &p)?.out.to_vec::<f32>()?);
+/// # Ok::<(), flashattn::Error>(())
+/// ```
+pub fn forward_into(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    params: &AttentionParams,
+    out: &mut Tensor,
+    lse: &mut Tensor,
+) -> Result<()> {
+    let p = Problem::new(q, k, v, params)?;
+    let out_shape = Problem::shape_like(q, p.head_dim_v);
+    expect_writable(out, "out", &out_shape, p.dtype, p.device, Layout::Rows)?;
+    let lse_shape = p.lse_shape();
+    expect_writable(
+        lse,
+        "lse",
+        &lse_shape,
+        DType::F32,
+        p.device,
+        Layout::Contiguous,
+    )?;
+    match p.device {
+        Device::Cpu => crate::cpu::forward_into(&p, (q, k, v), out, lse),
+        Device::Cuda(_) => Err(Error::Unsupported {
+            device: "cuda",
+            what: "forward_into (use forward)".into(),
+        }),
+    }
+}
+
+/// [`backward`] into gradients the caller owns (for instance those of an earlier call), so
+/// that a loop of calls allocates no gradients: `dq`, `dk`, `dv` shaped like q, k, v in their
+/// dtype (any strides that reach each element once, head dimension contiguous), and `dbias`
+/// given exactly when the call has a bias, shaped like it, f32, contiguous. Each must be a tensor
+/// no other tensor shares a buffer with, on q's device. Every element is overwritten; nothing is
+/// written unless every argument is valid.
+///
+/// ```
+/// use flashattn::{AttentionParams, Tensor, backward, backward_into, forward};
+/// let x: Vec<f32> = (0..2 * 3 * 1 * 4).map(|i| (i as f32 * 0.71).cos()).collect();
+/// let t = Tensor::from_vec(x, &[2, 3, 1, 4])?;
+/// let p = AttentionParams::default();
+/// let f = forward(&t, &t, &t, &p)?;
+/// let mut g = backward(&t, &t, &t, &f.out, &f.lse, &f.out, &p)?;
+/// let first = g.dq.to_vec::<f32>()?;
+/// backward_into(&t, &t, &t, &f.out, &f.lse, &f.out, &p, &mut g)?;
+/// assert_eq!(g.dq.to_vec::<f32>()?, first);
+/// # Ok::<(), flashattn::Error>(())
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub fn backward_into(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    lse: &Tensor,
+    dout: &Tensor,
+    params: &AttentionParams,
+    grads: &mut Gradients,
+) -> Result<()> {
+    let p = backward_problem(q, k, v, out, lse, dout, params)?;
+    let (dtype, device) = (p.dtype, p.device);
+    expect_writable(&mut grads.dq, "dq", q.shape(), dtype, device, Layout::Rows)?;
+    expect_writable(&mut grads.dk, "dk", k.shape(), dtype, device, Layout::Rows)?;
+    expect_writable(&mut grads.dv, "dv", v.shape(), dtype, device, Layout::Rows)?;
+    match (&p.bias, grads.dbias.as_mut()) {
+        (Some((bias, _)), Some(db)) => expect_writable(
+            db,
+            "dbias",
+            bias.shape(),
+            DType::F32,
+            device,
+            Layout::Contiguous,
+        )?,
+        (Some(_), None) => {
+            return Err(Error::arg(
+                "dbias",
+                "a tensor (the call has a bias)",
+                "None",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(Error::arg(
+                "dbias",
+                "None (the call has no bias)",
+                "a tensor",
+            ));
+        }
+        (None, None) => {}
+    }
+    match p.device {
+        Device::Cpu => crate::cpu::backward_into(&p, [q, k, v, out, lse, dout], grads),
+        Device::Cuda(_) => Err(unsupported_backward()),
+    }
+}
+
+/// Validates a backward call: the forward's problem, then out, lse and dout against it.
+fn backward_problem(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    lse: &Tensor,
+    dout: &Tensor,
+    params: &AttentionParams,
+) -> Result<Problem> {
     let p = Problem::new(q, k, v, params)?;
     let out_shape = Problem::shape_like(q, p.head_dim_v);
     expect_like(out, "out", &out_shape, p.dtype, p.device)?;
@@ -139,11 +272,12 @@ pub fn backward(
             got: lse.device().to_string(),
         });
     }
-    match p.device {
-        Device::Cpu => crate::cpu::backward(&p, q, k, v, out, lse, dout),
-        Device::Cuda(_) => Err(Error::Unsupported {
-            device: "cuda",
-            what: "backward".into(),
-        }),
+    Ok(p)
+}
+
+fn unsupported_backward() -> Error {
+    Error::Unsupported {
+        device: "cuda",
+        what: "backward".into(),
     }
 }

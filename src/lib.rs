@@ -5,7 +5,8 @@
 //! accumulator), so the N×N score matrix is never stored and memory stays O(N).
 //!
 //! * [`forward`] and [`backward`] take strided [`Tensor`]s and one [`AttentionParams`]; the call
-//!   runs where the tensors live (the CPU path is always available).
+//!   runs where the tensors live (the CPU path is always available); [`forward_into`] and
+//!   [`backward_into`] write into tensors the caller keeps from call to call.
 //! * Options: scale, causal and sliding windows ([`Window`]), ALiBi, softcap, additive bias,
 //!   MQA/GQA, packed variable-length batches, head dims 1..=512 (V's may differ).
 //! * [`mod@reference`] holds the f64 oracle and the "standard attention" baseline that the tests and
@@ -18,12 +19,13 @@ pub mod cuda;
 pub mod dtype;
 pub mod error;
 pub mod mask;
+mod outputs;
 pub mod params;
 pub mod problem;
 pub mod reference;
 pub mod tensor;
 
-pub use attention::{ForwardOutput, Gradients, backward, forward};
+pub use attention::{ForwardOutput, Gradients, backward, backward_into, forward, forward_into};
 pub use cpu::{Simd, cpu_simd};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};

@@ -454,6 +454,11 @@ impl Tensor {
         }
     }
 
+    /// True when no other tensor (clone or view) shares this one's buffer.
+    pub(crate) fn is_exclusive(&mut self) -> bool {
+        Arc::get_mut(&mut self.storage).is_some()
+    }
+
     /// The host buffer of a tensor whose buffer is not shared with any other tensor.
     pub(crate) fn cpu_storage_mut(&mut self) -> Option<&mut CpuStorage> {
         match Arc::get_mut(&mut self.storage)? {

@@ -3,7 +3,9 @@
 //! must return `Ok` or a typed `Err`.
 
 use flashattn::reference::standard;
-use flashattn::{AttentionParams, DType, Tensor, backward, forward};
+use flashattn::{
+    AttentionParams, DType, Gradients, Tensor, backward, backward_into, forward, forward_into,
+};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, RngSeed};
 
@@ -156,13 +158,31 @@ fn arb_consistent() -> impl Strategy<Value = Qkv> {
         })
 }
 
+/// A copy of `t` in `dtype` that shares no buffer (random outputs for the `_into` calls).
+fn own(t: &Tensor, dtype: DType) -> Tensor {
+    t.to_dtype(dtype).unwrap()
+}
+
 fn exercise(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttentionParams, dout: &Tensor) {
     let _ = standard::forward(q, k, v, p);
+    let (mut out, mut lse) = (own(dout, q.dtype()), own(dout, DType::F32));
+    let _ = forward_into(q, k, v, p, &mut out, &mut lse);
     if let Ok(f) = forward(q, k, v, p) {
         let _ = backward(q, k, v, &f.out, &f.lse, &f.out, p);
         let _ = backward(q, k, v, &f.out, &f.lse, dout, p);
         let _ = backward(q, k, v, dout, &f.lse, &f.out, p);
         let _ = standard::backward(q, k, v, &f.out, &f.lse, dout, p);
+        let (mut out, mut lse) = (own(&f.out, q.dtype()), own(&f.lse, DType::F32));
+        let _ = forward_into(q, k, v, p, &mut out, &mut lse);
+        let mut shared = (f.out.clone(), f.lse.clone());
+        let _ = forward_into(q, k, v, p, &mut shared.0, &mut shared.1);
+        let mut g = Gradients {
+            dq: own(q, q.dtype()),
+            dk: own(k, q.dtype()),
+            dv: own(dout, v.dtype()),
+            dbias: p.bias.as_ref().map(|b| own(b, DType::F32)),
+        };
+        let _ = backward_into(q, k, v, &f.out, &f.lse, dout, p, &mut g);
     }
 }
 

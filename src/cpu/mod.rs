@@ -80,10 +80,22 @@ fn alloc_f32(shape: &[usize], value: f32) -> Result<Tensor> {
     )
 }
 
-/// Mutable access to a tensor this module just allocated (its buffer is not shared yet).
-fn fresh_mut<T: CpuElement>(t: &mut Tensor) -> &mut [T] {
-    T::slice_mut(t.cpu_storage_mut().expect("freshly allocated host tensor"))
-        .expect("allocated with dtype T")
+/// The host buffer of an output tensor whose buffer no other tensor shares (validated by the
+/// caller: `crate::outputs::expect_writable`, or allocated here), as `T`.
+fn writable<'a, T: CpuElement>(t: &'a mut Tensor, arg: &'static str) -> Result<&'a mut [T]> {
+    let dtype = t.dtype();
+    t.cpu_storage_mut()
+        .and_then(T::slice_mut)
+        .ok_or_else(|| Error::DType {
+            arg,
+            expected: format!("{} in a host buffer no other tensor shares", T::DTYPE),
+            got: dtype,
+        })
+}
+
+/// The elements of a contiguous tensor's view, within its buffer.
+fn view_range(t: &Tensor) -> std::ops::Range<usize> {
+    t.offset()..t.offset() + t.numel()
 }
 
 pub(crate) fn forward(p: &Problem, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<ForwardOutput> {
@@ -91,6 +103,21 @@ pub(crate) fn forward(p: &Problem, q: &Tensor, k: &Tensor, v: &Tensor) -> Result
         DType::F32 => forward_typed::<f32>(p, q, k, v),
         DType::F16 => forward_typed::<f16>(p, q, k, v),
         DType::BF16 => forward_typed::<bf16>(p, q, k, v),
+    }
+}
+
+/// The forward into outputs validated by `crate::outputs::expect_writable` (not filled first:
+/// every element is written).
+pub(crate) fn forward_into(
+    p: &Problem,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    out: &mut Tensor,
+    lse: &mut Tensor,
+) -> Result<()> {
+    match p.dtype {
+        DType::F32 => forward_into_typed::<f32>(p, q, k, v, out, lse),
+        DType::F16 => forward_into_typed::<f16>(p, q, k, v, out, lse),
+        DType::BF16 => forward_into_typed::<bf16>(p, q, k, v, out, lse),
     }
 }
 
@@ -102,7 +129,20 @@ fn forward_typed<T: CpuElement>(
 ) -> Result<ForwardOutput> {
     let mut out = alloc_like::<T>(q, &Problem::shape_like(q, p.head_dim_v), f32::NAN)?;
     let mut lse = alloc_f32(&p.lse_shape(), f32::NAN)?;
-    let out_layout = row_layout(&out);
+    forward_into_typed::<T>(p, q, k, v, &mut out, &mut lse)?;
+    Ok(ForwardOutput { out, lse })
+}
+
+fn forward_into_typed<T: CpuElement>(
+    p: &Problem,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &mut Tensor,
+    lse: &mut Tensor,
+) -> Result<()> {
+    let out_layout = row_layout(out);
+    let lse_range = view_range(lse);
     let bias = p
         .bias
         .as_ref()
@@ -116,57 +156,88 @@ fn forward_typed<T: CpuElement>(
             v: host(v, "v")?,
             bias,
         },
-        SharedOut::new(fresh_mut::<T>(&mut out), out_layout),
-        fresh_mut::<f32>(&mut lse),
+        SharedOut::new(writable::<T>(out, "out")?, out_layout),
+        &mut writable::<f32>(lse, "lse")?[lse_range],
     );
-    Ok(ForwardOutput { out, lse })
+    Ok(())
 }
 
-pub(crate) fn backward(
-    p: &Problem,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    out: &Tensor,
-    lse: &Tensor,
-    dout: &Tensor,
-) -> Result<Gradients> {
-    match p.dtype {
-        DType::F32 => backward_typed::<f32>(p, q, k, v, out, lse, dout),
-        DType::F16 => backward_typed::<f16>(p, q, k, v, out, lse, dout),
-        DType::BF16 => backward_typed::<bf16>(p, q, k, v, out, lse, dout),
+/// What the backward reads: q, k, v, the forward's out and lse, and dout.
+pub(crate) type BackwardInputs<'a> = [&'a Tensor; 6];
+
+pub(crate) fn backward(p: &Problem, x: BackwardInputs<'_>) -> Result<Gradients> {
+    let [q, k, v, ..] = x;
+    let mut g = Gradients {
+        dq: alloc_like_dtype(p.dtype, q, f32::NAN)?,
+        dk: alloc_like_dtype(p.dtype, k, f32::NAN)?,
+        dv: alloc_like_dtype(p.dtype, v, f32::NAN)?,
+        dbias: match &p.bias {
+            Some((b, _)) => Some(alloc_f32(b.shape(), 0.0)?),
+            None => None,
+        },
+    };
+    backward_typed(p, x, &mut g)?;
+    Ok(g)
+}
+
+/// The backward into gradients validated by `crate::outputs::expect_writable`: the bias
+/// gradient is zeroed first (the backward adds into it), the others are written whole.
+pub(crate) fn backward_into(p: &Problem, x: BackwardInputs<'_>, g: &mut Gradients) -> Result<()> {
+    if let Some(dbias) = g.dbias.as_mut() {
+        let range = view_range(dbias);
+        let buf = &mut writable::<f32>(dbias, "dbias")?[range];
+        if buf.len() < 1 << 16 {
+            buf.fill(0.0);
+        } else {
+            buf.par_iter_mut().for_each(|x| *x = 0.0);
+        }
+    }
+    backward_typed(p, x, g)
+}
+
+/// A fresh tensor like `like` (shape and memory order) in `dtype`, every element `poison`.
+fn alloc_like_dtype(dtype: DType, like: &Tensor, poison: f32) -> Result<Tensor> {
+    match dtype {
+        DType::F32 => alloc_like::<f32>(like, like.shape(), poison),
+        DType::F16 => alloc_like::<f16>(like, like.shape(), poison),
+        DType::BF16 => alloc_like::<bf16>(like, like.shape(), poison),
     }
 }
 
-fn backward_typed<T: CpuElement>(
+fn backward_typed(p: &Problem, x: BackwardInputs<'_>, g: &mut Gradients) -> Result<()> {
+    match p.dtype {
+        DType::F32 => backward_run::<f32>(p, x, g),
+        DType::F16 => backward_run::<f16>(p, x, g),
+        DType::BF16 => backward_run::<bf16>(p, x, g),
+    }
+}
+
+fn backward_run<T: CpuElement>(
     p: &Problem,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    out: &Tensor,
-    lse: &Tensor,
-    dout: &Tensor,
-) -> Result<Gradients> {
-    let mut dq = alloc_like::<T>(q, q.shape(), f32::NAN)?;
-    let mut dk = alloc_like::<T>(k, k.shape(), f32::NAN)?;
-    let mut dv = alloc_like::<T>(v, v.shape(), f32::NAN)?;
-    let mut dbias = match &p.bias {
-        Some((b, _)) => Some(alloc_f32(b.shape(), 0.0)?),
-        None => None,
-    };
+    x: BackwardInputs<'_>,
+    g: &mut Gradients,
+) -> Result<()> {
+    let [q, k, v, out, lse, dout] = x;
     let lse_c = lse.contiguous()?;
     let layouts = backward::Layouts {
         out: row_layout(out),
         dout: row_layout(dout),
-        dq: row_layout(&dq),
-        dk: row_layout(&dk),
-        dv: row_layout(&dv),
+        dq: row_layout(&g.dq),
+        dk: row_layout(&g.dk),
+        dv: row_layout(&g.dv),
     };
     let bias = p
         .bias
         .as_ref()
         .map(|(t, _)| host::<f32>(t, "bias"))
         .transpose()?;
+    let dbias = match g.dbias.as_mut() {
+        Some(t) => {
+            let range = view_range(t);
+            Some(&mut writable::<f32>(t, "dbias")?[range])
+        }
+        None => None,
+    };
     backward::run(
         p,
         backward::Inputs {
@@ -180,11 +251,11 @@ fn backward_typed<T: CpuElement>(
         },
         &layouts,
         backward::Outputs {
-            dq: fresh_mut::<T>(&mut dq),
-            dk: fresh_mut::<T>(&mut dk),
-            dv: fresh_mut::<T>(&mut dv),
-            dbias: dbias.as_mut().map(fresh_mut::<f32>),
+            dq: writable::<T>(&mut g.dq, "dq")?,
+            dk: writable::<T>(&mut g.dk, "dk")?,
+            dv: writable::<T>(&mut g.dv, "dv")?,
+            dbias,
         },
     );
-    Ok(Gradients { dq, dk, dv, dbias })
+    Ok(())
 }

@@ -1,0 +1,128 @@
+//! Checks of the tensors a caller hands to [`forward_into`](crate::forward_into) and
+//! [`backward_into`](crate::backward_into) to be written: the right shape, dtype and device, a
+//! buffer no other tensor shares, and strides that never reach one element twice.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::problem::expect_like;
+use crate::tensor::{Device, Tensor};
+
+/// How an output's elements must be laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// Any strides with a contiguous last dimension (`out`, `dq`, `dk`, `dv`: q's dtype).
+    Rows,
+    /// Row-major (`lse`, `dbias`: f32), as the kernels index them.
+    Contiguous,
+}
+
+/// Checks that `t` can receive an output shaped `shape` of `dtype` on `device`, laid out as
+/// `layout`, and that nothing else reads or writes its buffer.
+pub(crate) fn expect_writable(
+    t: &mut Tensor,
+    arg: &'static str,
+    shape: &[usize],
+    dtype: DType,
+    device: Device,
+    layout: Layout,
+) -> Result<()> {
+    if layout == Layout::Contiguous && t.shape() == shape && !t.is_contiguous() {
+        return Err(Error::arg(
+            arg,
+            "a contiguous (row-major) tensor",
+            format!("strides {:?}", t.strides()),
+        ));
+    }
+    if t.dtype() != dtype && t.device() == device {
+        return Err(Error::DType {
+            arg,
+            expected: match layout {
+                Layout::Rows => format!("{dtype} (the dtype of q)"),
+                Layout::Contiguous => dtype.to_string(),
+            },
+            got: t.dtype(),
+        });
+    }
+    expect_like(t, arg, shape, dtype, device)?;
+    if !is_disjoint(t.shape(), t.strides()) {
+        return Err(Error::arg(
+            arg,
+            "strides that reach every element once",
+            format!("shape {:?} with strides {:?}", t.shape(), t.strides()),
+        ));
+    }
+    if !t.is_exclusive() {
+        return Err(Error::arg(
+            arg,
+            "a tensor whose buffer no other tensor shares (not a clone or view of another)",
+            "a shared buffer",
+        ));
+    }
+    Ok(())
+}
+
+/// True when no two indices of a view with this shape and these strides reach the same element:
+/// taken by increasing stride, every dimension's stride is at least the span of the dimensions
+/// inside it. (A sufficient condition, met by every permutation of a contiguous or padded
+/// layout.)
+pub(crate) fn is_disjoint(shape: &[usize], strides: &[usize]) -> bool {
+    if shape.contains(&0) {
+        return true;
+    }
+    let mut dims: Vec<(usize, usize)> = shape
+        .iter()
+        .zip(strides)
+        .filter(|(n, _)| **n > 1)
+        .map(|(&n, &s)| (s, n))
+        .collect();
+    dims.sort_unstable();
+    // One past the largest offset the inner dimensions reach.
+    let mut span = 1usize;
+    for (stride, n) in dims {
+        if stride < span {
+            return false;
+        }
+        span = stride.saturating_mul(n - 1).saturating_add(span);
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Against a brute-force count of the offsets every index reaches.
+    #[test]
+    fn disjoint_strides_reach_each_element_once() {
+        let cases: [(&[usize], &[usize]); 10] = [
+            (&[2, 3, 4], &[12, 4, 1]),
+            (&[2, 3, 4], &[4, 8, 1]),
+            (&[2, 3, 4], &[30, 5, 1]),
+            (&[2, 3, 4], &[12, 3, 1]),
+            (&[2, 3, 4], &[0, 4, 1]),
+            (&[1, 3, 4], &[0, 4, 1]),
+            (&[2, 1, 4], &[4, 0, 1]),
+            (&[3, 2], &[1, 3]),
+            (&[3, 2], &[1, 2]),
+            (&[0, 5], &[0, 0]),
+        ];
+        for (shape, strides) in cases {
+            let mut seen = std::collections::HashSet::new();
+            let numel: usize = shape.iter().product();
+            let mut all_once = true;
+            for n in 0..numel {
+                let (mut rest, mut at) = (n, 0);
+                for d in (0..shape.len()).rev() {
+                    at += rest % shape[d] * strides[d];
+                    rest /= shape[d];
+                }
+                all_once &= seen.insert(at);
+            }
+            assert_eq!(
+                is_disjoint(shape, strides),
+                all_once,
+                "{shape:?} {strides:?}"
+            );
+        }
+    }
+}
