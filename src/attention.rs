@@ -115,7 +115,7 @@ pub fn backward(
     dout: &Tensor,
     params: &AttentionParams,
 ) -> Result<Gradients> {
-    let p = backward_problem(q, k, v, out, lse, dout, params)?;
+    let p = backward_problem([q, k, v, out, lse, dout], params)?;
     match p.device {
         Device::Cpu => crate::cpu::backward(&p, [q, k, v, out, lse, dout]),
         Device::Cuda(_) => Err(unsupported_backward()),
@@ -201,7 +201,7 @@ pub fn backward_into(
     params: &AttentionParams,
     grads: &mut Gradients,
 ) -> Result<()> {
-    let p = backward_problem(q, k, v, out, lse, dout, params)?;
+    let p = backward_problem([q, k, v, out, lse, dout], params)?;
     let (dtype, device) = (p.dtype, p.device);
     expect_writable(&mut grads.dq, "dq", q.shape(), dtype, device, Layout::Rows)?;
     expect_writable(&mut grads.dk, "dk", k.shape(), dtype, device, Layout::Rows)?;
@@ -237,14 +237,10 @@ pub fn backward_into(
     }
 }
 
-/// Validates a backward call: the forward's problem, then out, lse and dout against it.
-fn backward_problem(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    out: &Tensor,
-    lse: &Tensor,
-    dout: &Tensor,
+/// Validates a backward call (flashattn's and the standard attention's): the forward's problem,
+/// then out, lse and dout against it.
+pub(crate) fn backward_problem(
+    [q, k, v, out, lse, dout]: [&Tensor; 6],
     params: &AttentionParams,
 ) -> Result<Problem> {
     let p = Problem::new(q, k, v, params)?;

@@ -23,7 +23,7 @@ use crate::attention::{ForwardOutput, Gradients};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::params::AttentionParams;
-use crate::problem::{Problem, expect_like};
+use crate::problem::Problem;
 use crate::tensor::{Tensor, contiguous_strides};
 
 use score_matrix::{
@@ -143,24 +143,7 @@ pub fn backward(
     dout: &Tensor,
     params: &AttentionParams,
 ) -> Result<Gradients> {
-    let p = Problem::new(q, k, v, params)?;
-    let out_shape = Problem::shape_like(q, p.head_dim_v);
-    expect_like(out, "out", &out_shape, p.dtype, p.device)?;
-    expect_like(dout, "dout", &out_shape, p.dtype, p.device)?;
-    if lse.shape() != p.lse_shape().as_slice() {
-        return Err(Error::arg(
-            "lse",
-            format!("shape {:?}", p.lse_shape()),
-            format!("shape {:?}", lse.shape()),
-        ));
-    }
-    if lse.dtype() != DType::F32 {
-        return Err(Error::DType {
-            arg: "lse",
-            expected: "f32".into(),
-            got: lse.dtype(),
-        });
-    }
+    let p = crate::attention::backward_problem([q, k, v, out, lse, dout], params)?;
     host_only(&p)?;
     match p.dtype {
         DType::F32 => backward::backward_typed::<f32>(&p, q, k, v, dout),
