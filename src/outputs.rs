@@ -4,7 +4,7 @@
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::problem::expect_like;
+use crate::problem::expect_shaped;
 use crate::tensor::{Device, Tensor};
 
 /// How an output's elements must be laid out.
@@ -26,24 +26,18 @@ pub(crate) fn expect_writable(
     device: Device,
     layout: Layout,
 ) -> Result<()> {
-    if layout == Layout::Contiguous && t.shape() == shape && !t.is_contiguous() {
+    let why = match layout {
+        Layout::Rows => " (the dtype of q)",
+        Layout::Contiguous => "",
+    };
+    expect_shaped(t, arg, shape, (dtype, why), device)?;
+    if layout == Layout::Contiguous && !t.is_contiguous() {
         return Err(Error::arg(
             arg,
             "a contiguous (row-major) tensor",
             format!("strides {:?}", t.strides()),
         ));
     }
-    if t.dtype() != dtype && t.device() == device {
-        return Err(Error::DType {
-            arg,
-            expected: match layout {
-                Layout::Rows => format!("{dtype} (the dtype of q)"),
-                Layout::Contiguous => dtype.to_string(),
-            },
-            got: t.dtype(),
-        });
-    }
-    expect_like(t, arg, shape, dtype, device)?;
     if !is_disjoint(t.shape(), t.strides()) {
         return Err(Error::arg(
             arg,

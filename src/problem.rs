@@ -516,6 +516,18 @@ pub fn expect_like(
     dtype: DType,
     device: Device,
 ) -> Result<()> {
+    expect_shaped(t, arg, shape, (dtype, " (the dtype of q)"), device)
+}
+
+/// Checks `t`'s device, shape, dtype (`why` follows the dtype in the error: where it comes
+/// from) and contiguous last dimension.
+pub(crate) fn expect_shaped(
+    t: &Tensor,
+    arg: &'static str,
+    shape: &[usize],
+    (dtype, why): (DType, &str),
+    device: Device,
+) -> Result<()> {
     expect_device(t, arg, device)?;
     if t.shape() != shape {
         return Err(Error::arg(
@@ -527,7 +539,7 @@ pub fn expect_like(
     if t.dtype() != dtype {
         return Err(Error::DType {
             arg,
-            expected: format!("{dtype} (the dtype of q)"),
+            expected: format!("{dtype}{why}"),
             got: t.dtype(),
         });
     }

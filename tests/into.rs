@@ -183,6 +183,15 @@ fn outputs_that_cannot_take_the_result_are_typed_errors_and_nothing_is_written()
         "lse",
         "contiguous",
     );
+    // Rows padded: a contiguous last dimension, but not row-major as the kernels index it.
+    let mut padded_lse = nan(&[2 * 4 * 6], DType::F32)
+        .view(&lse_shape, &[24, 6, 1], 0)
+        .unwrap();
+    expect_err(
+        forward_into(q, k, v, p, &mut out, &mut padded_lse),
+        "lse",
+        "row-major",
+    );
     let mut lse_f16 = nan(&lse_shape, DType::F16);
     expect_err(
         forward_into(q, k, v, p, &mut out, &mut lse_f16),

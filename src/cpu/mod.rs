@@ -55,13 +55,17 @@ fn alloc_like<T: CpuElement>(like: &Tensor, shape: &[usize], poison: f32) -> Res
     )
 }
 
+/// Buffers of at least this many elements (256 KiB of f32) are filled by all threads; smaller
+/// ones by the calling thread alone.
+const PARALLEL_FILL: usize = 1 << 16;
+
 /// `n` copies of `x`; large buffers are written by all threads, so that their fresh pages are
 /// faulted in parallel rather than by the calling thread alone while the others wait. (Written,
 /// not merely zeroed by the allocator: pages handed out untouched and then read before they are
 /// written take a read fault on the shared zero page and then a copy-on-write fault that
 /// flushes every thread's TLB.)
 fn filled<T: Copy + Send + Sync>(n: usize, x: T) -> Vec<T> {
-    if n < 1 << 16 {
+    if n < PARALLEL_FILL {
         return vec![x; n];
     }
     let mut v = Vec::with_capacity(n);
@@ -166,18 +170,11 @@ fn forward_into_typed<T: CpuElement>(
 pub(crate) type BackwardInputs<'a> = [&'a Tensor; 6];
 
 pub(crate) fn backward(p: &Problem, x: BackwardInputs<'_>) -> Result<Gradients> {
-    let [q, k, v, ..] = x;
-    let mut g = Gradients {
-        dq: alloc_like_dtype(p.dtype, q, f32::NAN)?,
-        dk: alloc_like_dtype(p.dtype, k, f32::NAN)?,
-        dv: alloc_like_dtype(p.dtype, v, f32::NAN)?,
-        dbias: match &p.bias {
-            Some((b, _)) => Some(alloc_f32(b.shape(), 0.0)?),
-            None => None,
-        },
-    };
-    backward_typed(p, x, &mut g)?;
-    Ok(g)
+    match p.dtype {
+        DType::F32 => backward_typed::<f32>(p, x),
+        DType::F16 => backward_typed::<f16>(p, x),
+        DType::BF16 => backward_typed::<bf16>(p, x),
+    }
 }
 
 /// The backward into gradients validated by `crate::outputs::expect_writable`: the bias
@@ -186,30 +183,32 @@ pub(crate) fn backward_into(p: &Problem, x: BackwardInputs<'_>, g: &mut Gradient
     if let Some(dbias) = g.dbias.as_mut() {
         let range = view_range(dbias);
         let buf = &mut writable::<f32>(dbias, "dbias")?[range];
-        if buf.len() < 1 << 16 {
+        if buf.len() < PARALLEL_FILL {
             buf.fill(0.0);
         } else {
             buf.par_iter_mut().for_each(|x| *x = 0.0);
         }
     }
-    backward_typed(p, x, g)
-}
-
-/// A fresh tensor like `like` (shape and memory order) in `dtype`, every element `poison`.
-fn alloc_like_dtype(dtype: DType, like: &Tensor, poison: f32) -> Result<Tensor> {
-    match dtype {
-        DType::F32 => alloc_like::<f32>(like, like.shape(), poison),
-        DType::F16 => alloc_like::<f16>(like, like.shape(), poison),
-        DType::BF16 => alloc_like::<bf16>(like, like.shape(), poison),
-    }
-}
-
-fn backward_typed(p: &Problem, x: BackwardInputs<'_>, g: &mut Gradients) -> Result<()> {
     match p.dtype {
         DType::F32 => backward_run::<f32>(p, x, g),
         DType::F16 => backward_run::<f16>(p, x, g),
         DType::BF16 => backward_run::<bf16>(p, x, g),
     }
+}
+
+fn backward_typed<T: CpuElement>(p: &Problem, x: BackwardInputs<'_>) -> Result<Gradients> {
+    let [q, k, v, ..] = x;
+    let mut g = Gradients {
+        dq: alloc_like::<T>(q, q.shape(), f32::NAN)?,
+        dk: alloc_like::<T>(k, k.shape(), f32::NAN)?,
+        dv: alloc_like::<T>(v, v.shape(), f32::NAN)?,
+        dbias: match &p.bias {
+            Some((b, _)) => Some(alloc_f32(b.shape(), 0.0)?),
+            None => None,
+        },
+    };
+    backward_run::<T>(p, x, &mut g)?;
+    Ok(g)
 }
 
 fn backward_run<T: CpuElement>(
