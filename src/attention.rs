@@ -63,33 +63,48 @@ pub fn forward(
     let p = Problem::new(q, k, v, params)?;
     match p.device {
         Device::Cpu => crate::cpu::forward(&p, q, k, v),
-        Device::Cuda(_) => cuda_forward(&p, q, k, v, params),
+        Device::Cuda(_) => cuda::forward(&p, q, k, v),
     }
 }
 
+/// The GPU entry points, or the same signatures failing with [`Error::Unsupported`] in a build
+/// without the `cuda` feature.
 #[cfg(feature = "cuda")]
-fn cuda_forward(
-    p: &Problem,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    params: &AttentionParams,
-) -> Result<ForwardOutput> {
-    crate::cuda::forward::forward(p, q, k, v, params)
+mod cuda {
+    pub(super) use crate::cuda::forward::{forward, forward_into};
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_forward(
-    _: &Problem,
-    _: &Tensor,
-    _: &Tensor,
-    _: &Tensor,
-    _: &AttentionParams,
-) -> Result<ForwardOutput> {
-    Err(Error::Unsupported {
-        device: "cuda",
-        what: "this build has no CUDA backend (cargo feature `cuda`)".into(),
-    })
+mod cuda {
+    use super::ForwardOutput;
+    use crate::error::{Error, Result};
+    use crate::problem::Problem;
+    use crate::tensor::Tensor;
+
+    fn no_backend() -> Error {
+        Error::Unsupported {
+            device: "cuda",
+            what: "this build has no CUDA backend (cargo feature `cuda`)".into(),
+        }
+    }
+
+    pub(super) fn forward(
+        _: &Problem,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+    ) -> Result<ForwardOutput> {
+        Err(no_backend())
+    }
+
+    pub(super) fn forward_into(
+        _: &Problem,
+        _: (&Tensor, &Tensor, &Tensor),
+        _: &mut Tensor,
+        _: &mut Tensor,
+    ) -> Result<()> {
+        Err(no_backend())
+    }
 }
 
 /// Gradients of [`forward`] with respect to q, k, v (and the bias), given the forward's `out` and
@@ -127,7 +142,7 @@ pub fn backward(
 /// head dimension contiguous) and `lse` shaped like [`ForwardOutput::lse`], f32, contiguous. Both
 /// must be tensors no other tensor shares a buffer with (not clones or views of another), on
 /// q's device. Every element of both is overwritten; nothing is written unless every argument
-/// is valid. CPU only for now (a CUDA tensor gives [`Error::Unsupported`]).
+/// is valid. On a GPU the call is queued on flashattn's stream like [`forward`]'s.
 ///
 /// ```
 /// use flashattn::{AttentionParams, DType, Tensor, forward, forward_into};
@@ -164,10 +179,7 @@ pub fn forward_into(
     )?;
     match p.device {
         Device::Cpu => crate::cpu::forward_into(&p, (q, k, v), out, lse),
-        Device::Cuda(_) => Err(Error::Unsupported {
-            device: "cuda",
-            what: "forward_into (use forward)".into(),
-        }),
+        Device::Cuda(_) => cuda::forward_into(&p, (q, k, v), out, lse),
     }
 }
 

@@ -332,7 +332,7 @@ fn upload_download_round_trip() {
 }
 
 /// Tensors of one call on different devices, a missing GPU, and the backward on the GPU give
-/// typed errors naming the argument.
+/// typed errors naming the argument (the outputs of `forward_into`: `forward_into_on_the_gpu`).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn device_errors() {
@@ -361,7 +361,7 @@ fn device_errors() {
         }
         other => panic!("expected NoCudaDevice, got {other:?}"),
     }
-    let mut f = flashattn::forward(&g.q, &g.k, &g.v, &p).unwrap();
+    let f = flashattn::forward(&g.q, &g.k, &g.v, &p).unwrap();
     let mut grads = flashattn::Gradients {
         dq: x.q.to_device(GPU).unwrap(),
         dk: x.k.to_device(GPU).unwrap(),
@@ -372,7 +372,6 @@ fn device_errors() {
     let errors = [
         flashattn::backward(q, k, v, &f.out, &f.lse, &f.out, &p).unwrap_err(),
         flashattn::backward_into(q, k, v, &f.out, &f.lse, &f.out, &p, &mut grads).unwrap_err(),
-        flashattn::forward_into(q, k, v, &p, &mut f.out, &mut f.lse).unwrap_err(),
     ];
     for e in errors {
         assert!(
@@ -380,6 +379,124 @@ fn device_errors() {
             "{e:?}"
         );
     }
+}
+
+/// A NaN-filled GPU tensor of `shape` whose rows are padded (three spare elements after each row
+/// of the last dimension) and whose first element sits at offset 5 of its buffer: rows that do
+/// not start on 16-byte boundaries, which the tensor-core kernel cannot write.
+fn padded_on_gpu(shape: &[usize], dtype: DType) -> Tensor {
+    let mut stored = shape.to_vec();
+    *stored.last_mut().unwrap() += 3;
+    let mut strides = vec![1; shape.len()];
+    for d in (0..shape.len() - 1).rev() {
+        strides[d] = strides[d + 1] * stored[d + 1];
+    }
+    let len = 5 + stored.iter().product::<usize>();
+    let host = Tensor::full(&[len], dtype, f32::NAN).unwrap();
+    host.to_device(GPU)
+        .unwrap()
+        .view(shape, &strides, 5)
+        .unwrap()
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_f32_vec()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect()
+}
+
+/// `forward_into` on the GPU, call after call into the same NaN-filled tensors: into outputs laid
+/// out like `forward`'s, the same bits as `forward` (the same kernel runs); into padded rows at an
+/// odd offset, results within the grid's bounds of the oracle (the CUDA-core kernel, as such rows
+/// require). Invalid outputs are typed errors naming them, with nothing written.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn forward_into_on_the_gpu() {
+    let cases = [
+        Case::new(203, 113, 64).batch(2).heads(4, 2).causal(),
+        Case::new(65, 130, 64)
+            .heads(2, 1)
+            .dtype(DType::BF16)
+            .layout(Layout::Bhnd)
+            .window(Some(7), Some(3))
+            .alibi(common::Alibi::PerHead)
+            .bias([true, true, true, true]),
+        Case::new(0, 0, 32)
+            .heads(3, 1)
+            .dtype(DType::F16)
+            .softcap(20.0)
+            .varlen(&[(5, 9), (0, 4), (17, 0), (33, 33)]),
+    ];
+    for (n, case) in cases.iter().enumerate() {
+        let seed = 220_000 + n as u64;
+        let x = case.inputs(&mut rng(seed));
+        let e = gpu_errors(case, &x);
+        let o = oracle::forward(&x.q, &x.k, &x.v, &x.p).expect("oracle forward");
+        let g = to_device(&x, GPU);
+        let want = flashattn::forward(&g.q, &g.k, &g.v, &g.p).unwrap();
+        let nan = |t: &Tensor| {
+            Tensor::full(t.shape(), t.dtype(), f32::NAN)
+                .unwrap()
+                .to_device(GPU)
+                .unwrap()
+        };
+        let (mut out, mut lse) = (nan(&want.out), nan(&want.lse));
+        let mut padded = padded_on_gpu(want.out.shape(), case.dtype);
+        for call in 0..2 {
+            let what = format!("{} call {call}", describe(case));
+            flashattn::forward_into(&g.q, &g.k, &g.v, &g.p, &mut out, &mut lse).unwrap();
+            assert_eq!(bits(&out), bits(&want.out), "{what}: out");
+            assert_eq!(bits(&lse), bits(&want.lse), "{what}: lse");
+            let mut lse2 = nan(&want.lse);
+            flashattn::forward_into(&g.q, &g.k, &g.v, &g.p, &mut padded, &mut lse2).unwrap();
+            let got = padded.to_f64_vec().unwrap();
+            assert!(got.iter().all(|v| v.is_finite()), "{what}: unwritten out");
+            let (err, lse_err) = (
+                rel(&got, &o.out),
+                lse_error(&lse2.to_f64_vec().unwrap(), &o.lse),
+            );
+            let (tol, lse_tol) = (
+                tolerance(case.dtype, e.standard),
+                lse_tolerance(case.dtype, e.standard_lse),
+            );
+            println!(
+                "gpu forward_into {what} seed {seed}: padded out rel {err:.2e} (bound {tol:.2e}), lse {lse_err:.2e} (bound {lse_tol:.2e})"
+            );
+            assert!(err <= tol && lse_err <= lse_tol, "{what}: padded out");
+        }
+    }
+
+    let x = Case::new(9, 11, 16).inputs(&mut rng(221_000));
+    let g = to_device(&x, GPU);
+    let (q, k, v, p) = (&g.q, &g.k, &g.v, &g.p);
+    let gpu_nan = |shape: &[usize]| {
+        Tensor::full(shape, DType::F32, f32::NAN)
+            .unwrap()
+            .to_device(GPU)
+            .unwrap()
+    };
+    let (mut out, mut lse) = (gpu_nan(&[1, 9, 1, 16]), gpu_nan(&[1, 1, 9]));
+    let mut host_out = Tensor::full(&[1, 9, 1, 16], DType::F32, f32::NAN).unwrap();
+    match flashattn::forward_into(q, k, v, p, &mut host_out, &mut lse) {
+        Err(Error::DeviceMismatch { arg, .. }) => assert_eq!(arg, "out"),
+        other => panic!("expected a device mismatch on `out`, got {other:?}"),
+    }
+    let shared = lse.clone();
+    let e = flashattn::forward_into(q, k, v, p, &mut out, &mut lse).unwrap_err();
+    assert_eq!(e.argument(), Some("lse"), "{e}");
+    assert!(e.to_string().contains("shared"), "{e}");
+    drop(shared);
+    let mut wrong = gpu_nan(&[1, 9, 1, 15]);
+    let e = flashattn::forward_into(q, k, v, p, &mut wrong, &mut lse).unwrap_err();
+    assert_eq!(e.argument(), Some("out"), "{e}");
+    assert!(
+        [&out, &lse, &wrong]
+            .iter()
+            .all(|t| t.to_f32_vec().unwrap().iter().all(|v| v.is_nan())),
+        "an invalid call wrote its outputs"
+    );
 }
 
 /// The GPU standard attention alone over the whole grid (its own correctness, and the

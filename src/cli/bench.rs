@@ -105,41 +105,29 @@ fn forward_flops(x: &Inputs, pass: Pass) -> CliResult<(Problem, f64)> {
     Ok((p, f))
 }
 
-/// Times flashattn. On the CPU each timed call writes into the results of the untimed first
-/// call (`forward_into`, `backward_into`), as a training or inference loop would, so the time
-/// and the extra memory leave out allocating and first touching the outputs (what PyTorch's
-/// caching allocator spares its calls too). The GPU path allocates from its memory pool.
+/// Times flashattn. Each timed call writes into the results of the untimed first call
+/// (`forward_into`, `backward_into`), as a training or inference loop would, so the time and
+/// the extra memory leave out allocating and first touching the outputs (what PyTorch's caching
+/// allocator spares its calls too).
 fn run_flash(x: &Inputs, pass: Pass, dev: Device, repeats: u32) -> CliResult<Measurement> {
     let (_, flops) = forward_flops(x, pass)?;
     let on = device::upload(x, dev)?;
     let (q, k, v, p) = (&on.q, &on.k, &on.v, &on.p);
-    match (pass, dev) {
-        (Pass::Forward, Device::Cpu) => {
+    match pass {
+        Pass::Forward => {
             let mut f = flashattn::forward(q, k, v, p)?;
             measure(dev, repeats, flops, || {
                 flashattn::forward_into(q, k, v, p, &mut f.out, &mut f.lse)?;
                 Ok(Vec::new())
             })
         }
-        (Pass::Forward, Device::Cuda(_)) => measure(dev, repeats, flops, || {
-            let r = flashattn::forward(q, k, v, p)?;
-            Ok(vec![r.out, r.lse])
-        }),
-        (Pass::Backward, _) => {
+        Pass::Backward => {
             let f = flashattn::forward(q, k, v, p)?;
-            let backward = || flashattn::backward(q, k, v, &f.out, &f.lse, &on.dout, p);
-            if dev == Device::Cpu {
-                let mut g = backward()?;
-                measure(dev, repeats, flops, || {
-                    flashattn::backward_into(q, k, v, &f.out, &f.lse, &on.dout, p, &mut g)?;
-                    Ok(Vec::new())
-                })
-            } else {
-                measure(dev, repeats, flops, || {
-                    let g = backward()?;
-                    Ok([g.dq, g.dk, g.dv].into_iter().chain(g.dbias).collect())
-                })
-            }
+            let mut g = flashattn::backward(q, k, v, &f.out, &f.lse, &on.dout, p)?;
+            measure(dev, repeats, flops, || {
+                flashattn::backward_into(q, k, v, &f.out, &f.lse, &on.dout, p, &mut g)?;
+                Ok(Vec::new())
+            })
         }
     }
 }

@@ -110,6 +110,15 @@ pub fn download(t: &Tensor) -> CliResult<Tensor> {
     to_device(t, Device::Cpu)
 }
 
+/// Waits until the work queued on GPU `ordinal` has finished.
+pub fn synchronize(ordinal: usize) -> CliResult<()> {
+    #[cfg(feature = "cuda")]
+    flashattn::cuda::synchronize(ordinal)?;
+    #[cfg(not(feature = "cuda"))]
+    let _ = ordinal;
+    Ok(())
+}
+
 /// The compile and load times of every kernel variant this process used on the GPU, as lines of
 /// text: how its first use went (compiled by NVRTC, or loaded from the disk cache), and, for the
 /// variants `flashattn::cuda::kernel_sources()` lists, a fresh NVRTC compile followed by a load

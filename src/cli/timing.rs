@@ -5,7 +5,8 @@
 //! * GPU: kernels run asynchronously, so a run is over only when its results can be read: after
 //!   an untimed run (compiling the kernels) and one synchronized run to size the batches, each of
 //!   `repeats` batches queues enough back-to-back calls for about 50 ms and waits for the last
-//!   one's (small) log-sum-exp to come back; the fastest batch's time per call is kept. The
+//!   one (its smallest result read back, or the GPU synchronized when the call wrote into
+//!   tensors it was given); the fastest batch's time per call is kept. The
 //!   sizing run also measures device memory: the peak in use in the GPU's memory pool (which
 //!   serves every flashattn allocation) beyond what its results still hold.
 
@@ -102,12 +103,13 @@ fn cpu(repeats: u32, mut call: impl FnMut() -> CliResult<Vec<Tensor>>) -> CliRes
     Ok((best, Extra::Measured(extra)))
 }
 
-/// Waits for the call that produced `outs`: reads its last (smallest) result back.
-fn wait(outs: &[Tensor]) -> CliResult<()> {
-    if let Some(t) = outs.last() {
-        device::download(t)?;
+/// Waits for the call that produced `outs`: reads its last (smallest) result back, or, for a
+/// call that wrote into tensors it was given and returned none, waits for the GPU.
+fn wait(ordinal: usize, outs: &[Tensor]) -> CliResult<()> {
+    match outs.last() {
+        Some(t) => device::download(t).map(drop),
+        None => device::synchronize(ordinal),
     }
-    Ok(())
 }
 
 fn gpu(
@@ -115,11 +117,11 @@ fn gpu(
     repeats: u32,
     mut call: impl FnMut() -> CliResult<Vec<Tensor>>,
 ) -> CliResult<(f64, Extra)> {
-    wait(&call()?)?;
+    wait(ordinal, &call()?)?;
     let probe = device::MemoryProbe::start(ordinal);
     let start = Instant::now();
     let outs = call()?;
-    wait(&outs)?;
+    wait(ordinal, &outs)?;
     let one = start.elapsed().as_secs_f64().max(1e-6);
     let extra = probe
         .and_then(|p| p.extra_while_results_held())
@@ -133,7 +135,7 @@ fn gpu(
         for _ in 0..batch {
             last = call()?;
         }
-        wait(&last)?;
+        wait(ordinal, &last)?;
         best = best.min(start.elapsed().as_secs_f64() / batch as f64);
     }
     Ok((best, extra))

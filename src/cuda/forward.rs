@@ -4,7 +4,7 @@
 
 use cudarc::driver::sys::CUfunction_attribute;
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
@@ -16,7 +16,6 @@ use super::tile_config::{Alignment, GENERAL_THREADS, Path, choose};
 use crate::attention::ForwardOutput;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::params::AttentionParams;
 use crate::problem::{Problem, row_layout, strides_like};
 use crate::tensor::{Device, Tensor, contiguous_strides};
 
@@ -234,13 +233,35 @@ fn upload<T: cudarc::driver::DeviceRepr>(g: &Gpu, v: &[T]) -> Result<CudaSlice<T
 /// Runs the forward of a validated problem whose tensors live on one GPU. The output (shaped like
 /// `q` with `v`'s head dim, in `q`'s memory order) and the LSE are allocated on the device
 /// (poisoned when tests ask for it) and fully written by the kernel.
-pub(crate) fn forward(
+pub(crate) fn forward(p: &Problem, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<ForwardOutput> {
+    let g = gpu_for(p, k)?;
+    let out_shape = Problem::shape_like(q, p.head_dim_v);
+    let out_strides = strides_like(q, &out_shape);
+    let out_len: usize = out_shape.iter().product();
+    let out_store = CudaStorage::alloc_output(&g, p.dtype, out_len)?;
+    let out = Tensor::from_cuda_storage(out_store, &out_shape, &out_strides, 0)?;
+    let lse_shape = p.lse_shape();
+    let lse_len: usize = lse_shape.iter().product();
+    let lse_store = CudaStorage::alloc_output(&g, DType::F32, lse_len)?;
+    let lse = Tensor::from_cuda_storage(lse_store, &lse_shape, &contiguous_strides(&lse_shape), 0)?;
+    queue(&g, p, (q, k, v), &out, &lse)?;
+    Ok(ForwardOutput { out, lse })
+}
+
+/// The forward into `out` and `lse` on the GPU, validated by `crate::outputs::expect_writable`
+/// (shapes, dtypes, this GPU, buffers of their own; `out` in any row strides, `lse` contiguous).
+pub(crate) fn forward_into(
     p: &Problem,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    _params: &AttentionParams,
-) -> Result<ForwardOutput> {
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    out: &mut Tensor,
+    lse: &mut Tensor,
+) -> Result<()> {
+    let g = gpu_for(p, k)?;
+    queue(&g, p, (q, k, v), out, lse)
+}
+
+/// The GPU of the problem's tensors, once its sizes are known to fit the kernels' 32-bit indices.
+fn gpu_for(p: &Problem, k: &Tensor) -> Result<Arc<Gpu>> {
     let Device::Cuda(ordinal) = p.device else {
         return Err(Error::DeviceMismatch {
             arg: "q",
@@ -248,7 +269,6 @@ pub(crate) fn forward(
             got: p.device.to_string(),
         });
     };
-    let g = gpu(ordinal)?;
     let limit = i32::MAX as usize;
     for (what, n) in [
         ("query rows", p.total_q.max(p.max_nq)),
@@ -259,39 +279,38 @@ pub(crate) fn forward(
             return Err(too_large(what, n));
         }
     }
+    gpu(ordinal)
+}
 
-    let out_shape = Problem::shape_like(q, p.head_dim_v);
-    let out_strides = strides_like(q, &out_shape);
-    let out_len: usize = out_shape.iter().product();
-    let out_store = CudaStorage::alloc_output(&g, p.dtype, out_len)?;
-    let o_ptr = out_store.device_ptr();
-    let out = Tensor::from_cuda_storage(out_store, &out_shape, &out_strides, 0)?;
-    let lse_shape = p.lse_shape();
-    let lse_len: usize = lse_shape.iter().product();
-    let lse_store = CudaStorage::alloc_output(&g, DType::F32, lse_len)?;
-    let lse_ptr = lse_store.device_ptr();
-    let lse = Tensor::from_cuda_storage(lse_store, &lse_shape, &contiguous_strides(&lse_shape), 0)?;
-    if out_len == 0 || lse_len == 0 {
-        return Ok(ForwardOutput { out, lse });
+/// Queues the kernel that writes every element of `out` and `lse` (device tensors of the
+/// problem's output shapes).
+fn queue(
+    g: &Gpu,
+    p: &Problem,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    out: &Tensor,
+    lse: &Tensor,
+) -> Result<()> {
+    if out.numel() == 0 || lse.numel() == 0 {
+        return Ok(());
     }
-
     let mut ptr = Pointers {
         q: device_ptr_of(q, "q")?,
         k: device_ptr_of(k, "k")?,
         v: device_ptr_of(v, "v")?,
-        o: o_ptr,
-        lse: lse_ptr,
+        o: device_ptr_of(out, "out")?,
+        lse: device_ptr_of(lse, "lse")?,
         ..Pointers::default()
     };
     // Kept alive until the launch is queued; their frees are ordered after it on the stream.
-    let alibi = p.alibi.as_ref().map(|s| upload(&g, s)).transpose()?;
+    let alibi = p.alibi.as_ref().map(|s| upload(g, s)).transpose()?;
     let cu = if p.varlen {
         let mut cu_q: Vec<i32> = p.seqs.iter().map(|s| s.q_row0 as i32).collect();
         let mut cu_k: Vec<i32> = p.seqs.iter().map(|s| s.k_row0 as i32).collect();
         let last = p.seqs.last();
         cu_q.push(last.map_or(0, |s| (s.q_row0 + s.nq) as i32));
         cu_k.push(last.map_or(0, |s| (s.k_row0 + s.nk) as i32));
-        Some((upload(&g, &cu_q)?, upload(&g, &cu_k)?))
+        Some((upload(g, &cu_q)?, upload(g, &cu_k)?))
     } else {
         None
     };
@@ -309,14 +328,15 @@ pub(crate) fn forward(
     if let Some(b) = &bias {
         ptr.bias = device_ptr_of(b, "bias")?;
     }
-    let params = FlashParams::new(p, ptr, &row_layout(&out));
+    let o_layout = row_layout(out);
+    let params = FlashParams::new(p, ptr, &o_layout);
 
     let align = Alignment {
-        strides: [&p.q, &p.k, &p.v]
+        strides: [&p.q, &p.k, &p.v, &o_layout]
             .iter()
             .flat_map(|l| [l.batch, l.row, l.head])
             .collect(),
-        addresses: vec![ptr.q, ptr.k, ptr.v],
+        addresses: vec![ptr.q, ptr.k, ptr.v, ptr.o],
     };
     let path = choose(p, &align, g.max_shared_per_block);
     let (rows, threads, shared) = match &path {
@@ -332,7 +352,7 @@ pub(crate) fn forward(
             });
         }
     }
-    let func = launchable(&g, &path, p.dtype, Options::of(p), shared)?;
+    let func = launchable(g, &path, p.dtype, Options::of(p), shared)?;
     let cfg = LaunchConfig {
         grid_dim: (blocks as u32, p.heads_q as u32, p.batch as u32),
         block_dim: (threads as u32, 1, 1),
@@ -341,13 +361,14 @@ pub(crate) fn forward(
     let mut launch = g.stream.launch_builder(&func);
     launch.arg(&params);
     // SAFETY: every address in `params` points into a live device allocation of this GPU (q, k, v
-    // and the bias are validated views whose elements lie inside their buffers; out and lse were
-    // allocated above for exactly the shapes the kernel writes; alibi and cu_seqlens are uploaded
-    // above and outlive the launch on this stream). The kernel reads and writes only the elements
-    // the validated sizes and strides in `params` describe, and `shared` bytes were allowed above.
+    // and the bias are validated views whose elements lie inside their buffers; out and lse are
+    // validated device views of exactly the shapes the kernel writes, in buffers of their own;
+    // alibi and cu_seqlens are uploaded above and outlive the launch on this stream). The kernel
+    // reads and writes only the elements the validated sizes and strides in `params` describe,
+    // and `shared` bytes were allowed above.
     unsafe { launch.launch(cfg) }.map_err(Gpu::err("launching the forward kernel"))?;
     drop((alibi, cu, bias));
-    Ok(ForwardOutput { out, lse })
+    Ok(())
 }
 
 #[cfg(test)]
