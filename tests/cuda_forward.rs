@@ -13,7 +13,7 @@
 mod common;
 
 use common::{
-    Case, F32_TOL, HALF_FLOOR, Inputs, Layout, Worst, assert_laid_out_like, describe, grid,
+    Case, F32_TOL, HALF_FLOOR, Inputs, Layout, Worst, assert_laid_out_like, bits, describe, grid,
     lse_error, lse_tolerance, rel, rng, tolerance,
 };
 use flashattn::reference::{oracle, standard};
@@ -301,13 +301,6 @@ fn upload_download_round_trip() {
         assert_eq!(g.dtype(), dtype);
         let back = g.to_device(Device::Cpu).unwrap();
         assert_eq!(back.device(), Device::Cpu);
-        let bits = |x: &Tensor| {
-            x.to_f32_vec()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect::<Vec<_>>()
-        };
         assert_eq!(bits(&back), bits(&t), "{dtype}: round trip");
         assert_eq!(bits(&g), bits(&t), "{dtype}: to_f32_vec of a device tensor");
         // A transposed view of the device tensor reads like the same view on the host.
@@ -381,32 +374,6 @@ fn device_errors() {
     }
 }
 
-/// A NaN-filled GPU tensor of `shape` whose rows are padded (three spare elements after each row
-/// of the last dimension) and whose first element sits at offset 5 of its buffer: rows that do
-/// not start on 16-byte boundaries, which the tensor-core kernel cannot write.
-fn padded_on_gpu(shape: &[usize], dtype: DType) -> Tensor {
-    let mut stored = shape.to_vec();
-    *stored.last_mut().unwrap() += 3;
-    let mut strides = vec![1; shape.len()];
-    for d in (0..shape.len() - 1).rev() {
-        strides[d] = strides[d + 1] * stored[d + 1];
-    }
-    let len = 5 + stored.iter().product::<usize>();
-    let host = Tensor::full(&[len], dtype, f32::NAN).unwrap();
-    host.to_device(GPU)
-        .unwrap()
-        .view(shape, &strides, 5)
-        .unwrap()
-}
-
-fn bits(t: &Tensor) -> Vec<u32> {
-    t.to_f32_vec()
-        .unwrap()
-        .iter()
-        .map(|x| x.to_bits())
-        .collect()
-}
-
 /// `forward_into` on the GPU, call after call into the same NaN-filled tensors: into outputs laid
 /// out like `forward`'s, the same bits as `forward` (the same kernel runs); into padded rows at an
 /// odd offset, results within the grid's bounds of the oracle (the CUDA-core kernel, as such rows
@@ -414,22 +381,7 @@ fn bits(t: &Tensor) -> Vec<u32> {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn forward_into_on_the_gpu() {
-    let cases = [
-        Case::new(203, 113, 64).batch(2).heads(4, 2).causal(),
-        Case::new(65, 130, 64)
-            .heads(2, 1)
-            .dtype(DType::BF16)
-            .layout(Layout::Bhnd)
-            .window(Some(7), Some(3))
-            .alibi(common::Alibi::PerHead)
-            .bias([true, true, true, true]),
-        Case::new(0, 0, 32)
-            .heads(3, 1)
-            .dtype(DType::F16)
-            .softcap(20.0)
-            .varlen(&[(5, 9), (0, 4), (17, 0), (33, 33)]),
-    ];
-    for (n, case) in cases.iter().enumerate() {
+    for (n, case) in common::output_cases().iter().enumerate() {
         let seed = 220_000 + n as u64;
         let x = case.inputs(&mut rng(seed));
         let e = gpu_errors(case, &x);
@@ -443,7 +395,10 @@ fn forward_into_on_the_gpu() {
                 .unwrap()
         };
         let (mut out, mut lse) = (nan(&want.out), nan(&want.lse));
-        let mut padded = padded_on_gpu(want.out.shape(), case.dtype);
+        // Rows that do not start on 16-byte boundaries: the tensor-core kernel cannot write them.
+        let mut padded = common::padded(want.out.shape(), case.dtype)
+            .to_device(GPU)
+            .unwrap();
         for call in 0..2 {
             let what = format!("{} call {call}", describe(case));
             flashattn::forward_into(&g.q, &g.k, &g.v, &g.p, &mut out, &mut lse).unwrap();

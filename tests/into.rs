@@ -5,28 +5,11 @@
 
 mod common;
 
-use common::{Alibi, Case, Layout, rng};
+use common::{Case, bits, padded, rng};
 use flashattn::{
     AttentionParams, DType, Error, Gradients, Tensor, Window, backward, backward_into, forward,
     forward_into,
 };
-
-/// A NaN-filled tensor of `shape` and `dtype` whose rows are padded (three spare elements after
-/// each row of the last dimension) and whose first element sits at offset 5 of its buffer, no
-/// other tensor sharing the buffer.
-fn padded(shape: &[usize], dtype: DType) -> Tensor {
-    let mut stored = shape.to_vec();
-    *stored.last_mut().unwrap() += 3;
-    let mut strides = vec![1; shape.len()];
-    for d in (0..shape.len() - 1).rev() {
-        strides[d] = strides[d + 1] * stored[d + 1];
-    }
-    let len = 5 + stored.iter().product::<usize>();
-    Tensor::full(&[len], dtype, f32::NAN)
-        .unwrap()
-        .view(shape, &strides, 5)
-        .unwrap()
-}
 
 /// A NaN-filled contiguous tensor of `shape` (f32) starting at offset 2 of its buffer.
 fn contiguous_at_offset(shape: &[usize]) -> Tensor {
@@ -40,59 +23,24 @@ fn contiguous_at_offset(shape: &[usize]) -> Tensor {
         .unwrap()
 }
 
-fn values(t: &Tensor) -> Vec<u32> {
-    t.to_f32_vec()
-        .unwrap()
-        .iter()
-        .map(|x| x.to_bits())
-        .collect()
-}
-
-fn cases() -> Vec<Case> {
-    vec![
-        Case::new(203, 113, 64).batch(2).heads(4, 2).causal(),
-        Case::new(65, 65, 80)
-            .heads(2, 1)
-            .dtype(DType::BF16)
-            .layout(Layout::Bhnd)
-            .window(Some(7), Some(3))
-            .alibi(Alibi::PerHead)
-            .bias([true, true, true, true]),
-        Case::new(0, 0, 32)
-            .heads(3, 1)
-            .dtype(DType::F16)
-            .softcap(20.0)
-            .bias([false, true, false, true])
-            .varlen(&[(5, 9), (0, 4), (17, 0), (33, 33)]),
-    ]
-}
-
 #[test]
 fn forward_into_writes_what_forward_returns_in_any_layout() {
-    for (i, case) in cases().iter().enumerate() {
+    for (i, case) in common::output_cases().iter().enumerate() {
         let x = case.inputs(&mut rng(4100 + i as u64));
         let want = forward(&x.q, &x.k, &x.v, &x.p).unwrap();
         let mut out = padded(want.out.shape(), case.dtype);
         let mut lse = contiguous_at_offset(want.lse.shape());
         for call in 0..2 {
             forward_into(&x.q, &x.k, &x.v, &x.p, &mut out, &mut lse).unwrap();
-            assert_eq!(
-                values(&out),
-                values(&want.out),
-                "case {i}, call {call}: out"
-            );
-            assert_eq!(
-                values(&lse),
-                values(&want.lse),
-                "case {i}, call {call}: lse"
-            );
+            assert_eq!(bits(&out), bits(&want.out), "case {i}, call {call}: out");
+            assert_eq!(bits(&lse), bits(&want.lse), "case {i}, call {call}: lse");
         }
     }
 }
 
 #[test]
 fn backward_into_writes_what_backward_returns_in_any_layout() {
-    for (i, case) in cases().iter().enumerate() {
+    for (i, case) in common::output_cases().iter().enumerate() {
         let x = case.inputs(&mut rng(4200 + i as u64));
         let f = forward(&x.q, &x.k, &x.v, &x.p).unwrap();
         let want = backward(&x.q, &x.k, &x.v, &f.out, &f.lse, &x.dout, &x.p).unwrap();
@@ -110,12 +58,9 @@ fn backward_into_writes_what_backward_returns_in_any_layout() {
                 ("dk", &g.dk, &want.dk),
                 ("dv", &g.dv, &want.dv),
             ] {
-                assert_eq!(values(got), values(want), "case {i}, call {call}: {name}");
+                assert_eq!(bits(got), bits(want), "case {i}, call {call}: {name}");
             }
-            let dbias = (
-                g.dbias.as_ref().map(values),
-                want.dbias.as_ref().map(values),
-            );
+            let dbias = (g.dbias.as_ref().map(bits), want.dbias.as_ref().map(bits));
             assert_eq!(dbias.0, dbias.1, "case {i}, call {call}: dbias");
         }
     }

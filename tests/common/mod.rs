@@ -265,3 +265,51 @@ pub fn describe(c: &Case) -> String {
     }
     s
 }
+
+/// A NaN-filled tensor of `shape` and `dtype` whose rows are padded (three spare elements after
+/// each row of the last dimension) and whose first element sits at offset 5 of its buffer, no
+/// other tensor sharing the buffer.
+pub fn padded(shape: &[usize], dtype: DType) -> Tensor {
+    let mut stored = shape.to_vec();
+    *stored.last_mut().unwrap() += 3;
+    let mut strides = vec![1; shape.len()];
+    for d in (0..shape.len() - 1).rev() {
+        strides[d] = strides[d + 1] * stored[d + 1];
+    }
+    let len = 5 + stored.iter().product::<usize>();
+    Tensor::full(&[len], dtype, f32::NAN)
+        .unwrap()
+        .view(shape, &strides, 5)
+        .unwrap()
+}
+
+/// The bits of every element as f32, in logical order: equal exactly when the values are.
+pub fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_f32_vec()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect()
+}
+
+/// Cases of `forward_into` and `backward_into` tests: GQA with causal, bf16 `[B, H, N, D]` with a
+/// window, ALiBi and a full bias, f16 packed variable lengths (empty sequences too) with softcap
+/// and a broadcast bias.
+pub fn output_cases() -> Vec<Case> {
+    vec![
+        Case::new(203, 113, 64).batch(2).heads(4, 2).causal(),
+        Case::new(65, 65, 80)
+            .heads(2, 1)
+            .dtype(DType::BF16)
+            .layout(Layout::Bhnd)
+            .window(Some(7), Some(3))
+            .alibi(Alibi::PerHead)
+            .bias([true, true, true, true]),
+        Case::new(0, 0, 32)
+            .heads(3, 1)
+            .dtype(DType::F16)
+            .softcap(20.0)
+            .bias([false, true, false, true])
+            .varlen(&[(5, 9), (0, 4), (17, 0), (33, 33)]),
+    ]
+}
