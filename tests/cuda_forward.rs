@@ -374,6 +374,14 @@ fn device_errors() {
     }
 }
 
+/// A NaN-filled GPU tensor of `shape` and `dtype`, its buffer its own.
+fn gpu_nan(shape: &[usize], dtype: DType) -> Tensor {
+    Tensor::full(shape, dtype, f32::NAN)
+        .unwrap()
+        .to_device(GPU)
+        .unwrap()
+}
+
 /// `forward_into` on the GPU, call after call into the same NaN-filled tensors: into outputs laid
 /// out like `forward`'s, the same bits as `forward` (the same kernel runs); into padded rows at an
 /// odd offset, results within the grid's bounds of the oracle (the CUDA-core kernel, as such rows
@@ -388,12 +396,7 @@ fn forward_into_on_the_gpu() {
         let o = oracle::forward(&x.q, &x.k, &x.v, &x.p).expect("oracle forward");
         let g = to_device(&x, GPU);
         let want = flashattn::forward(&g.q, &g.k, &g.v, &g.p).unwrap();
-        let nan = |t: &Tensor| {
-            Tensor::full(t.shape(), t.dtype(), f32::NAN)
-                .unwrap()
-                .to_device(GPU)
-                .unwrap()
-        };
+        let nan = |t: &Tensor| gpu_nan(t.shape(), t.dtype());
         let (mut out, mut lse) = (nan(&want.out), nan(&want.lse));
         // Rows that do not start on 16-byte boundaries: the tensor-core kernel cannot write them.
         let mut padded = common::padded(want.out.shape(), case.dtype)
@@ -426,13 +429,8 @@ fn forward_into_on_the_gpu() {
     let x = Case::new(9, 11, 16).inputs(&mut rng(221_000));
     let g = to_device(&x, GPU);
     let (q, k, v, p) = (&g.q, &g.k, &g.v, &g.p);
-    let gpu_nan = |shape: &[usize]| {
-        Tensor::full(shape, DType::F32, f32::NAN)
-            .unwrap()
-            .to_device(GPU)
-            .unwrap()
-    };
-    let (mut out, mut lse) = (gpu_nan(&[1, 9, 1, 16]), gpu_nan(&[1, 1, 9]));
+    let nan = |shape: &[usize]| gpu_nan(shape, DType::F32);
+    let (mut out, mut lse) = (nan(&[1, 9, 1, 16]), nan(&[1, 1, 9]));
     let mut host_out = Tensor::full(&[1, 9, 1, 16], DType::F32, f32::NAN).unwrap();
     match flashattn::forward_into(q, k, v, p, &mut host_out, &mut lse) {
         Err(Error::DeviceMismatch { arg, .. }) => assert_eq!(arg, "out"),
@@ -443,7 +441,7 @@ fn forward_into_on_the_gpu() {
     assert_eq!(e.argument(), Some("lse"), "{e}");
     assert!(e.to_string().contains("shared"), "{e}");
     drop(shared);
-    let mut wrong = gpu_nan(&[1, 9, 1, 15]);
+    let mut wrong = nan(&[1, 9, 1, 15]);
     let e = flashattn::forward_into(q, k, v, p, &mut wrong, &mut lse).unwrap_err();
     assert_eq!(e.argument(), Some("out"), "{e}");
     assert!(

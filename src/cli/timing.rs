@@ -6,9 +6,9 @@
 //!   an untimed run (compiling the kernels) and one synchronized run to size the batches, each of
 //!   `repeats` batches queues enough back-to-back calls for about 50 ms and waits for the last
 //!   one (its smallest result read back, or the GPU synchronized when the call wrote into
-//!   tensors it was given); the fastest batch's time per call is kept. The
-//!   sizing run also measures device memory: the peak in use in the GPU's memory pool (which
-//!   serves every flashattn allocation) beyond what its results still hold.
+//!   tensors it was given); the fastest batch's time per call is kept. The sizing run also
+//!   measures device memory: the peak in use in the GPU's memory pool (which serves every
+//!   flashattn allocation) beyond what its results still hold.
 
 use std::time::Instant;
 
