@@ -23,17 +23,21 @@ pub struct RowLayout {
 
 impl RowLayout {
     fn of(t: &Tensor) -> Self {
-        let s = t.strides();
-        if t.rank() == 4 {
+        RowLayout::strided(t.strides(), t.offset())
+    }
+
+    /// The layout of a view with these strides (rank 4, or 3 for packed rows) and offset.
+    pub(crate) fn strided(s: &[usize], offset: usize) -> Self {
+        if s.len() == 4 {
             RowLayout {
-                offset: t.offset(),
+                offset,
                 batch: s[0],
                 row: s[1],
                 head: s[2],
             }
         } else {
             RowLayout {
-                offset: t.offset(),
+                offset,
                 batch: 0,
                 row: s[0],
                 head: s[1],

@@ -102,7 +102,7 @@ pub(crate) fn run<T: CpuElement>(
     p: &Problem,
     x: Inputs<'_, T>,
     out: SharedOut<'_, T>,
-    lse: &mut [f32],
+    lse: SharedOut<'_, f32>,
 ) {
     let rows: usize = p.seqs.iter().map(|s| s.nq).sum::<usize>() * p.heads_q;
     let tiles = forward_tiles(
@@ -137,7 +137,6 @@ pub(crate) fn run<T: CpuElement>(
         let head = if by_head { (t.b, t.h) } else { (0, 0) };
         (head, std::cmp::Reverse(keys))
     });
-    let lse_out = SharedOut::new(lse, Default::default());
     tasks
         .par_iter()
         .for_each_init(Scratch::default, |scratch, task| {
@@ -152,7 +151,7 @@ pub(crate) fn run<T: CpuElement>(
                 mask: p.mask(task.b),
                 mods: ScoreMods::new(p, x.bias, task.b, task.h),
             };
-            ctx.run(scratch, &out, &lse_out);
+            ctx.run(scratch, &out, &lse);
         });
 }
 

@@ -25,7 +25,7 @@ use rayon::prelude::*;
 use crate::attention::{ForwardOutput, Gradients};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::problem::{Problem, row_layout, strides_like};
+use crate::problem::{Problem, RowLayout, row_layout, strides_like};
 use crate::tensor::{CpuElement, CpuStorage, Tensor, contiguous_strides};
 
 /// The vectorized row exp, also used by the standard attention baseline (one exp for both).
@@ -125,16 +125,46 @@ pub(crate) fn forward_into(
     }
 }
 
+/// The forward into buffers it allocates and does not fill first: the kernel writes every
+/// element of both (each query row of each (sequence, head) once, and `strides_like` leaves no
+/// gaps), which spares a pass over the output and a round trip through the thread pool.
 fn forward_typed<T: CpuElement>(
     p: &Problem,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
 ) -> Result<ForwardOutput> {
-    let mut out = alloc_like::<T>(q, &Problem::shape_like(q, p.head_dim_v), f32::NAN)?;
-    let mut lse = alloc_f32(&p.lse_shape(), f32::NAN)?;
-    forward_into_typed::<T>(p, q, k, v, &mut out, &mut lse)?;
-    Ok(ForwardOutput { out, lse })
+    let out_shape = Problem::shape_like(q, p.head_dim_v);
+    let out_strides = strides_like(q, &out_shape);
+    let lse_shape = p.lse_shape();
+    let n_out: usize = out_shape.iter().product();
+    let n_lse: usize = lse_shape.iter().product();
+    let mut out = Vec::<T>::with_capacity(n_out);
+    let mut lse = Vec::<f32>::with_capacity(n_lse);
+    run_forward::<T>(
+        p,
+        (q, k, v),
+        SharedOut::uninit(
+            &mut out.spare_capacity_mut()[..n_out],
+            RowLayout::strided(&out_strides, 0),
+        ),
+        SharedOut::uninit(&mut lse.spare_capacity_mut()[..n_lse], RowLayout::default()),
+    )?;
+    // SAFETY: `run_forward` returned Ok, so the kernel wrote every element of both (see above).
+    unsafe {
+        out.set_len(n_out);
+        lse.set_len(n_lse);
+    }
+    Ok(ForwardOutput {
+        out: Tensor::from_cpu_storage(T::wrap(out), &out_shape, &out_strides, 0, "out")?,
+        lse: Tensor::from_cpu_storage(
+            CpuStorage::F32(lse),
+            &lse_shape,
+            &contiguous_strides(&lse_shape),
+            0,
+            "lse",
+        )?,
+    })
 }
 
 fn forward_into_typed<T: CpuElement>(
@@ -147,22 +177,36 @@ fn forward_into_typed<T: CpuElement>(
 ) -> Result<()> {
     let out_layout = row_layout(out);
     let lse_range = view_range(lse);
+    run_forward::<T>(
+        p,
+        (q, k, v),
+        SharedOut::new(writable::<T>(out, "out")?, out_layout),
+        SharedOut::new(
+            &mut writable::<f32>(lse, "lse")?[lse_range],
+            RowLayout::default(),
+        ),
+    )
+}
+
+/// Runs the forward kernel into `out` and `lse` (every element written).
+fn run_forward<T: CpuElement>(
+    p: &Problem,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    out: SharedOut<'_, T>,
+    lse: SharedOut<'_, f32>,
+) -> Result<()> {
     let bias = p
         .bias
         .as_ref()
         .map(|(t, _)| host::<f32>(t, "bias"))
         .transpose()?;
-    forward::run(
-        p,
-        forward::Inputs {
-            q: host(q, "q")?,
-            k: host(k, "k")?,
-            v: host(v, "v")?,
-            bias,
-        },
-        SharedOut::new(writable::<T>(out, "out")?, out_layout),
-        &mut writable::<f32>(lse, "lse")?[lse_range],
-    );
+    let inputs = forward::Inputs {
+        q: host(q, "q")?,
+        k: host(k, "k")?,
+        v: host(v, "v")?,
+        bias,
+    };
+    forward::run(p, inputs, out, lse);
     Ok(())
 }
 

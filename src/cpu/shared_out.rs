@@ -1,6 +1,7 @@
 //! An output buffer that parallel tasks write at disjoint indices.
 
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 
 use super::simd::cpu_simd;
 use super::transpose::transpose_to;
@@ -26,6 +27,18 @@ impl<'a, T: Copy> SharedOut<'a, T> {
     pub(crate) fn new(buf: &'a mut [T], layout: RowLayout) -> Self {
         SharedOut {
             ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            layout,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// Over a buffer not yet initialized: the tasks only write (the `write_*` methods never
+    /// read), and the caller may take the buffer as initialized once they have written every
+    /// element.
+    pub(crate) fn uninit(buf: &'a mut [MaybeUninit<T>], layout: RowLayout) -> Self {
+        SharedOut {
+            ptr: buf.as_mut_ptr().cast::<T>(),
             len: buf.len(),
             layout,
             _borrow: PhantomData,
