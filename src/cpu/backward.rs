@@ -33,15 +33,13 @@ pub(crate) struct Inputs<'a, T> {
 pub(crate) struct Layouts {
     pub out: RowLayout,
     pub dout: RowLayout,
-    pub dq: RowLayout,
-    pub dk: RowLayout,
-    pub dv: RowLayout,
 }
 
+/// The gradients: dq, dk and dv only written (every element once), the bias gradient added to.
 pub(crate) struct Outputs<'a, T> {
-    pub dq: &'a mut [T],
-    pub dk: &'a mut [T],
-    pub dv: &'a mut [T],
+    pub dq: SharedOut<'a, T>,
+    pub dk: SharedOut<'a, T>,
+    pub dv: SharedOut<'a, T>,
     pub dbias: Option<&'a mut [f32]>,
 }
 
@@ -102,16 +100,14 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
     // Zeros written by all threads (see `filled`: the products read the partials first).
     let mut partials = super::filled(chunks * p.heads_kv * part_len, 0f32);
 
-    let dk = SharedOut::new(o.dk, l.dk);
-    let dv = SharedOut::new(o.dv, l.dv);
     let bias_shape = p.bias.as_ref().map(|(t, _)| t.shape().to_vec());
     let dbias = o
         .dbias
         .zip(bias_shape)
         .map(|(data, shape)| BiasGrad::new(data, &shape));
     let sinks = Sinks {
-        dk: &dk,
-        dv: &dv,
+        dk: &o.dk,
+        dv: &o.dv,
         dbias: dbias.as_ref(),
     };
     let score_mods = p.softcap.is_some() || p.alibi.is_some() || p.bias.is_some();
@@ -146,8 +142,7 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
             }
         });
 
-    let dq = SharedOut::new(o.dq, l.dq);
-    sum_partials(p, &partials, chunks, p.scale / alpha, &dq);
+    sum_partials(p, &partials, chunks, p.scale / alpha, &o.dq);
 }
 
 /// Cuts `partials` (`[chunk][kv head][query row][group · d16]`, `d16` the head dim rounded up

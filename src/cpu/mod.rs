@@ -42,19 +42,6 @@ fn host<'a, T: CpuElement>(t: &'a Tensor, arg: &'static str) -> Result<&'a [T]> 
     })
 }
 
-/// A fresh tensor shaped `shape`, in the memory order of `like`, every element `poison`.
-fn alloc_like<T: CpuElement>(like: &Tensor, shape: &[usize], poison: f32) -> Result<Tensor> {
-    let strides = strides_like(like, shape);
-    let n = shape.iter().product();
-    Tensor::from_cpu_storage(
-        T::wrap(filled(n, T::from_f32(poison))),
-        shape,
-        &strides,
-        0,
-        "out",
-    )
-}
-
 /// Buffers of at least this many elements (256 KiB of f32) are filled by all threads; smaller
 /// ones by the calling thread alone.
 const PARALLEL_FILL: usize = 1 << 16;
@@ -73,14 +60,15 @@ fn filled<T: Copy + Send + Sync>(n: usize, x: T) -> Vec<T> {
     v
 }
 
-fn alloc_f32(shape: &[usize], value: f32) -> Result<Tensor> {
+/// A contiguous f32 tensor of zeros (for `arg`, a gradient the kernels add into).
+fn zeros_f32(shape: &[usize], arg: &'static str) -> Result<Tensor> {
     let n = shape.iter().product();
     Tensor::from_cpu_storage(
-        CpuStorage::F32(filled(n, value)),
+        CpuStorage::F32(filled(n, 0.0)),
         shape,
         &contiguous_strides(shape),
         0,
-        "lse",
+        arg,
     )
 }
 
@@ -125,46 +113,24 @@ pub(crate) fn forward_into(
     }
 }
 
-/// The forward into buffers it allocates and does not fill first: the kernel writes every
-/// element of both (each query row of each (sequence, head) once, and `strides_like` leaves no
-/// gaps), which spares a pass over the output and a round trip through the thread pool.
+/// The forward into buffers it allocates and does not fill first (see [`Unwritten`]).
 fn forward_typed<T: CpuElement>(
     p: &Problem,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
 ) -> Result<ForwardOutput> {
-    let out_shape = Problem::shape_like(q, p.head_dim_v);
-    let out_strides = strides_like(q, &out_shape);
-    let lse_shape = p.lse_shape();
-    let n_out: usize = out_shape.iter().product();
-    let n_lse: usize = lse_shape.iter().product();
-    let mut out = Vec::<T>::with_capacity(n_out);
-    let mut lse = Vec::<f32>::with_capacity(n_lse);
-    run_forward::<T>(
-        p,
-        (q, k, v),
-        SharedOut::uninit(
-            &mut out.spare_capacity_mut()[..n_out],
-            RowLayout::strided(&out_strides, 0),
-        ),
-        SharedOut::uninit(&mut lse.spare_capacity_mut()[..n_lse], RowLayout::default()),
-    )?;
-    // SAFETY: `run_forward` returned Ok, so the kernel wrote every element of both (see above).
+    let mut out = Unwritten::<T>::like(q, &Problem::shape_like(q, p.head_dim_v));
+    let mut lse = Unwritten::<f32>::contiguous(&p.lse_shape());
+    run_forward::<T>(p, (q, k, v), out.shared(), lse.shared())?;
+    // SAFETY: `run_forward` returned Ok, so the kernel wrote every element of both (each query
+    // row of each (sequence, head) once).
     unsafe {
-        out.set_len(n_out);
-        lse.set_len(n_lse);
+        Ok(ForwardOutput {
+            out: out.written("out")?,
+            lse: lse.written("lse")?,
+        })
     }
-    Ok(ForwardOutput {
-        out: Tensor::from_cpu_storage(T::wrap(out), &out_shape, &out_strides, 0, "out")?,
-        lse: Tensor::from_cpu_storage(
-            CpuStorage::F32(lse),
-            &lse_shape,
-            &contiguous_strides(&lse_shape),
-            0,
-            "lse",
-        )?,
-    })
 }
 
 fn forward_into_typed<T: CpuElement>(
@@ -234,53 +200,84 @@ pub(crate) fn backward_into(p: &Problem, x: BackwardInputs<'_>, g: &mut Gradient
         }
     }
     match p.dtype {
-        DType::F32 => backward_run::<f32>(p, x, g),
-        DType::F16 => backward_run::<f16>(p, x, g),
-        DType::BF16 => backward_run::<bf16>(p, x, g),
+        DType::F32 => backward_into_typed::<f32>(p, x, g),
+        DType::F16 => backward_into_typed::<f16>(p, x, g),
+        DType::BF16 => backward_into_typed::<bf16>(p, x, g),
     }
 }
 
+fn backward_into_typed<T: CpuElement>(
+    p: &Problem,
+    x: BackwardInputs<'_>,
+    g: &mut Gradients,
+) -> Result<()> {
+    let layouts = [&g.dq, &g.dk, &g.dv].map(row_layout);
+    let outputs = backward::Outputs {
+        dq: SharedOut::new(writable::<T>(&mut g.dq, "dq")?, layouts[0]),
+        dk: SharedOut::new(writable::<T>(&mut g.dk, "dk")?, layouts[1]),
+        dv: SharedOut::new(writable::<T>(&mut g.dv, "dv")?, layouts[2]),
+        dbias: dbias_view(&mut g.dbias)?,
+    };
+    backward_run::<T>(p, x, outputs)
+}
+
+/// The backward into gradients it allocates: dq, dk and dv not filled first (see
+/// [`Unwritten`]), the bias gradient zeroed (the backward adds into it).
 fn backward_typed<T: CpuElement>(p: &Problem, x: BackwardInputs<'_>) -> Result<Gradients> {
     let [q, k, v, ..] = x;
-    let mut g = Gradients {
-        dq: alloc_like::<T>(q, q.shape(), f32::NAN)?,
-        dk: alloc_like::<T>(k, k.shape(), f32::NAN)?,
-        dv: alloc_like::<T>(v, v.shape(), f32::NAN)?,
-        dbias: match &p.bias {
-            Some((b, _)) => Some(alloc_f32(b.shape(), 0.0)?),
-            None => None,
-        },
+    let mut dq = Unwritten::<T>::like(q, q.shape());
+    let mut dk = Unwritten::<T>::like(k, k.shape());
+    let mut dv = Unwritten::<T>::like(v, v.shape());
+    let mut dbias = match &p.bias {
+        Some((b, _)) => Some(zeros_f32(b.shape(), "dbias")?),
+        None => None,
     };
-    backward_run::<T>(p, x, &mut g)?;
-    Ok(g)
+    let outputs = backward::Outputs {
+        dq: dq.shared(),
+        dk: dk.shared(),
+        dv: dv.shared(),
+        dbias: dbias_view(&mut dbias)?,
+    };
+    backward_run::<T>(p, x, outputs)?;
+    // SAFETY: `backward_run` returned Ok, so the kernels wrote every element of dq (each query
+    // row of each (sequence, head) once), dk and dv (each key row of each key block once).
+    unsafe {
+        Ok(Gradients {
+            dq: dq.written("dq")?,
+            dk: dk.written("dk")?,
+            dv: dv.written("dv")?,
+            dbias,
+        })
+    }
+}
+
+/// The elements of the bias gradient's view, when there is one.
+fn dbias_view(dbias: &mut Option<Tensor>) -> Result<Option<&mut [f32]>> {
+    match dbias.as_mut() {
+        Some(t) => {
+            let range = view_range(t);
+            Ok(Some(&mut writable::<f32>(t, "dbias")?[range]))
+        }
+        None => Ok(None),
+    }
 }
 
 fn backward_run<T: CpuElement>(
     p: &Problem,
     x: BackwardInputs<'_>,
-    g: &mut Gradients,
+    outputs: backward::Outputs<'_, T>,
 ) -> Result<()> {
     let [q, k, v, out, lse, dout] = x;
     let lse_c = lse.contiguous()?;
     let layouts = backward::Layouts {
         out: row_layout(out),
         dout: row_layout(dout),
-        dq: row_layout(&g.dq),
-        dk: row_layout(&g.dk),
-        dv: row_layout(&g.dv),
     };
     let bias = p
         .bias
         .as_ref()
         .map(|(t, _)| host::<f32>(t, "bias"))
         .transpose()?;
-    let dbias = match g.dbias.as_mut() {
-        Some(t) => {
-            let range = view_range(t);
-            Some(&mut writable::<f32>(t, "dbias")?[range])
-        }
-        None => None,
-    };
     backward::run(
         p,
         backward::Inputs {
@@ -293,12 +290,59 @@ fn backward_run<T: CpuElement>(
             dout: host(dout, "dout")?,
         },
         &layouts,
-        backward::Outputs {
-            dq: writable::<T>(&mut g.dq, "dq")?,
-            dk: writable::<T>(&mut g.dk, "dk")?,
-            dv: writable::<T>(&mut g.dv, "dv")?,
-            dbias,
-        },
+        outputs,
     );
     Ok(())
+}
+
+/// A tensor's buffer, allocated but not written yet: for outputs whose kernels write every
+/// element once (only write: [`SharedOut`] never reads). It spares the pass that filling the
+/// buffer first would take and, for large buffers, a round through the thread pool: causal
+/// forward at N=128 1.2-1.4x faster, N=256 1.1x (f32, B=1, H=8, D=64, 2026-11-23).
+struct Unwritten<T> {
+    data: Vec<T>,
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+}
+
+impl<T: CpuElement> Unwritten<T> {
+    /// Shaped `shape`, in the memory order of `like` (no gaps: see `strides_like`).
+    fn like(like: &Tensor, shape: &[usize]) -> Self {
+        Unwritten::with_strides(shape, strides_like(like, shape))
+    }
+
+    fn contiguous(shape: &[usize]) -> Self {
+        Unwritten::with_strides(shape, contiguous_strides(shape))
+    }
+
+    fn with_strides(shape: &[usize], strides: Vec<usize>) -> Self {
+        Unwritten {
+            data: Vec::with_capacity(shape.iter().product()),
+            shape: shape.to_vec(),
+            strides,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The buffer for the kernels' tasks to write.
+    fn shared(&mut self) -> SharedOut<'_, T> {
+        let n = self.len();
+        let layout = RowLayout::strided(&self.strides, 0);
+        SharedOut::uninit(&mut self.data.spare_capacity_mut()[..n], layout)
+    }
+
+    /// The tensor, once written.
+    ///
+    /// # Safety
+    /// Every element must have been written through [`Self::shared`].
+    unsafe fn written(mut self, arg: &'static str) -> Result<Tensor> {
+        let n = self.len();
+        // SAFETY: the first n elements are initialized (the caller's contract) and within the
+        // capacity (allocated for n).
+        unsafe { self.data.set_len(n) };
+        Tensor::from_cpu_storage(T::wrap(self.data), &self.shape, &self.strides, 0, arg)
+    }
 }
