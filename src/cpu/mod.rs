@@ -13,6 +13,7 @@ mod lanes;
 mod matmul;
 mod microkernel;
 mod online_softmax;
+mod pieces;
 mod score_mods;
 mod shared_out;
 mod simd;
