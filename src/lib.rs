@@ -30,6 +30,7 @@ pub use cpu::{Simd, cpu_simd};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use mask::{Mask, Window};
+pub use outputs::set_poison_outputs;
 pub use params::{AttentionParams, VarLen};
 pub use tensor::{Device, Tensor};
 

@@ -1,6 +1,9 @@
 //! Checks of the tensors a caller hands to [`forward_into`](crate::forward_into) and
 //! [`backward_into`](crate::backward_into) to be written: the right shape, dtype and device, a
-//! buffer no other tensor shares, and strides that never reach one element twice.
+//! buffer no other tensor shares, and strides that never reach one element twice. And the
+//! switch that has the outputs flashattn allocates itself poisoned, for tests.
+
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -79,6 +82,30 @@ pub(crate) fn is_disjoint(shape: &[usize], strides: &[usize]) -> bool {
         span = stride.saturating_mul(n - 1).saturating_add(span);
     }
     true
+}
+
+/// Whether the outputs flashattn allocates are poisoned: 0 = not decided yet, 1 = no, 2 = yes.
+static POISON_OUTPUTS: AtomicU8 = AtomicU8::new(0);
+
+/// Fills every output buffer that [`forward`](crate::forward) and [`backward`](crate::backward)
+/// allocate, on either device, with NaN before the kernels run (on) or leaves it unwritten
+/// (off, the default unless the environment variable `FLASHATTN_POISON_OUTPUTS=1`). The kernels
+/// write every element either way; tests turn it on so that an element one fails to write shows
+/// up, and benchmarks leave it off (it is an extra pass over memory).
+pub fn set_poison_outputs(on: bool) {
+    POISON_OUTPUTS.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+}
+
+/// Whether output buffers are poisoned (see [`set_poison_outputs`]).
+pub(crate) fn poison_outputs() -> bool {
+    match POISON_OUTPUTS.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var("FLASHATTN_POISON_OUTPUTS").is_ok_and(|v| v == "1");
+            set_poison_outputs(on);
+            on
+        }
+        v => v == 2,
+    }
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ use rayon::prelude::*;
 use crate::attention::{ForwardOutput, Gradients};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::outputs::poison_outputs;
 use crate::problem::{Problem, RowLayout, row_layout, strides_like};
 use crate::tensor::{CpuElement, CpuStorage, Tensor, contiguous_strides};
 
@@ -296,10 +297,11 @@ fn backward_run<T: CpuElement>(
     Ok(())
 }
 
-/// A tensor's buffer, allocated but not written yet: for outputs whose kernels write every
-/// element once (only write: [`SharedOut`] never reads). It spares the pass that filling the
-/// buffer first would take and, for large buffers, a round through the thread pool: causal
-/// forward at N=128 1.2-1.4x faster, N=256 1.1x (f32, B=1, H=8, D=64, 2026-11-23).
+/// A tensor's buffer for outputs whose kernels write every element once (only write:
+/// [`SharedOut`] never reads): allocated but not written, so the call spares the pass that
+/// filling it first would take and, for large buffers, a round through the thread pool (causal
+/// forward at N=128 1.2-1.4x faster, N=256 1.1x; f32, B=1, H=8, D=64, 2026-11-23). Filled with NaN
+/// when poisoning is on ([`crate::set_poison_outputs`], for tests), as on the GPU.
 struct Unwritten<T> {
     data: Vec<T>,
     shape: Vec<usize>,
@@ -317,8 +319,14 @@ impl<T: CpuElement> Unwritten<T> {
     }
 
     fn with_strides(shape: &[usize], strides: Vec<usize>) -> Self {
+        let n = shape.iter().product();
+        let data = if poison_outputs() {
+            filled(n, T::from_f32(f32::NAN))
+        } else {
+            Vec::with_capacity(n)
+        };
         Unwritten {
-            data: Vec::with_capacity(shape.iter().product()),
+            data,
             shape: shape.to_vec(),
             strides,
         }
@@ -332,6 +340,9 @@ impl<T: CpuElement> Unwritten<T> {
     fn shared(&mut self) -> SharedOut<'_, T> {
         let n = self.len();
         let layout = RowLayout::strided(&self.strides, 0);
+        if self.data.len() == n {
+            return SharedOut::new(&mut self.data, layout);
+        }
         SharedOut::uninit(&mut self.data.spare_capacity_mut()[..n], layout)
     }
 
@@ -341,8 +352,8 @@ impl<T: CpuElement> Unwritten<T> {
     /// Every element must have been written through [`Self::shared`].
     unsafe fn written(mut self, arg: &'static str) -> Result<Tensor> {
         let n = self.len();
-        // SAFETY: the first n elements are initialized (the caller's contract) and within the
-        // capacity (allocated for n).
+        // SAFETY: the first n elements are initialized (poisoned, or written: the caller's
+        // contract) and within the capacity (allocated for n).
         unsafe { self.data.set_len(n) };
         Tensor::from_cpu_storage(T::wrap(self.data), &self.shape, &self.strides, 0, arg)
     }

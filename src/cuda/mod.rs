@@ -60,13 +60,6 @@ pub fn poison_free_memory(ordinal: usize, bytes: usize) -> crate::Result<()> {
     gpu.synchronize()
 }
 
-/// Fills every output buffer the GPU paths allocate with NaN before the kernels run (on) or not
-/// (off, the default unless `FLASHATTN_POISON_OUTPUTS=1`). Tests turn it on so that an element a
-/// kernel fails to write shows up; benchmarks leave it off (it is an extra pass over memory).
-pub fn set_poison_outputs(on: bool) {
-    storage::set_poison_outputs(on);
-}
-
 /// Waits until all work flashattn queued on GPU `ordinal` has finished; reports a failed kernel.
 pub fn synchronize(ordinal: usize) -> crate::Result<()> {
     device::gpu(ordinal)?.synchronize()

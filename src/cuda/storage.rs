@@ -5,7 +5,6 @@
 //! written by a kernel is read correctly by the next launch or download without extra events.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
 use half::{bf16, f16};
@@ -13,6 +12,7 @@ use half::{bf16, f16};
 use super::device::Gpu;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::outputs::poison_outputs;
 use crate::tensor::CpuStorage;
 
 /// A device allocation of one dtype.
@@ -49,31 +49,10 @@ fn alloc_raw<T: DeviceRepr>(gpu: &Gpu, len: usize) -> Result<CudaSlice<T>> {
     unsafe { gpu.stream.alloc::<T>(len.max(1)) }.map_err(Gpu::err("allocating device memory"))
 }
 
-/// Whether [`CudaStorage::alloc_output`] poisons: 0 = not decided yet, 1 = no, 2 = yes.
-static POISON_OUTPUTS: AtomicU8 = AtomicU8::new(0);
-
-/// Turns the poisoning of output buffers on or off for this process (default: on when the
-/// environment variable `FLASHATTN_POISON_OUTPUTS=1`, off otherwise).
-pub(crate) fn set_poison_outputs(on: bool) {
-    POISON_OUTPUTS.store(if on { 2 } else { 1 }, Ordering::Relaxed);
-}
-
-/// Whether output buffers are poisoned.
-pub(crate) fn poison_outputs() -> bool {
-    match POISON_OUTPUTS.load(Ordering::Relaxed) {
-        0 => {
-            let on = std::env::var("FLASHATTN_POISON_OUTPUTS").is_ok_and(|v| v == "1");
-            set_poison_outputs(on);
-            on
-        }
-        v => v == 2,
-    }
-}
-
 impl CudaStorage {
     /// An output buffer of `len` elements, which the caller's kernels must write entirely:
-    /// filled with NaN when poisoning is on (tests), left unwritten otherwise (no extra pass over
-    /// memory in production and benchmarks).
+    /// filled with NaN when poisoning is on (tests, [`crate::set_poison_outputs`]), left unwritten
+    /// otherwise (no extra pass over memory in production and benchmarks).
     pub(crate) fn alloc_output(gpu: &Arc<Gpu>, dtype: DType, len: usize) -> Result<Self> {
         if poison_outputs() {
             return Self::alloc_poisoned(gpu, dtype, len);
