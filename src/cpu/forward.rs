@@ -28,14 +28,14 @@ use rayon::prelude::*;
 
 use super::SharedOut;
 use super::exp::LANES;
-use super::lanes::{lane_max, scale_lanes};
+use super::lanes::lane_max;
 use super::matmul::Write;
 use super::microkernel::{PairOffsets, PanelStrides, panels_product, softmax_product};
 use super::online_softmax::PanelSoftmax;
 use super::pieces::{contains, merged, pieces};
 use super::score_mods::{ScoreMods, apply_mask};
 use super::tile_config::{ForwardTiles, forward_tiles};
-use super::transpose::transpose;
+use super::transpose::transpose_scaled;
 use crate::mask::Mask;
 use crate::problem::Problem;
 use crate::tensor::CpuElement;
@@ -200,16 +200,17 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         sc.rows.resize(LANES * dv.max(d), 0.0);
         for panel in 0..panels {
             let ot = &mut sc.panels.ot[panel * dv * LANES..(panel + 1) * dv * LANES];
-            let lse_panel = sc.panels.softmax[panel].finish(ot);
+            let (inv, lse_panel) = sc.panels.softmax[panel].finish();
             let queries = self.panel_queries(panel);
             let at = p.query_at(&out.layout, b, queries.start, h);
-            // f32 rows straight from the panel; other dtypes through a row buffer.
+            let size = (dv, queries.len());
+            // f32 rows straight from the panel; other dtypes through a row buffer. Each query's
+            // column is divided by its sum on the way.
             // SAFETY: out[b, i, h, ..] for the panel's queries belong to this task alone.
-            let written = unsafe {
-                out.write_transposed_f32(at, out.layout.row, ot, LANES, (dv, queries.len()))
-            };
+            let written =
+                unsafe { out.write_transposed_f32(at, out.layout.row, ot, LANES, size, &inv) };
             if !written {
-                transpose(&mut sc.rows, dv, ot, LANES, dv, queries.len());
+                transpose_scaled(&mut sc.rows, dv, ot, LANES, size, &inv);
             }
             for (l, i) in queries.enumerate() {
                 // SAFETY: out[b, i, h, ..] and lse[b, h, i] belong to this task alone.
@@ -374,7 +375,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         }
     }
 
-    /// Packs `Qᵀ` panels as f32, scaled, zero-padded past the last query.
+    /// Packs `Qᵀ` panels as f32, scaled on the way, zero-padded past the last query.
     fn pack_queries(&self, sc: &mut Scratch, panels: usize) {
         let p = self.p;
         let d = p.head_dim;
@@ -385,25 +386,29 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         } else {
             p.scale * std::f32::consts::LOG2_E
         };
-        sc.panels.qt.clear();
+        // Every lane of a full panel is written below: only a short last panel's padding needs
+        // its zeros.
         sc.panels.qt.resize(panels * d * LANES, 0.0);
         sc.rows.resize(LANES * d.max(p.head_dim_v), 0.0);
         for panel in 0..panels {
             let queries = self.panel_queries(panel);
             let at = p.q_at(self.b, queries.start, self.h);
             let qt = &mut sc.panels.qt[panel * d * LANES..(panel + 1) * d * LANES];
+            if queries.len() < LANES {
+                qt.fill(0.0);
+            }
+            let size = (queries.len(), d);
             match T::as_f32_slice(self.x.q) {
-                Some(q) => transpose(qt, LANES, &q[at..], p.q.row, queries.len(), d),
+                Some(q) => transpose_scaled(qt, LANES, &q[at..], p.q.row, size, &[scale; LANES]),
                 None => {
                     for (l, i) in queries.clone().enumerate() {
                         let at = p.q_at(self.b, i, self.h);
                         T::widen_into(&self.x.q[at..at + d], &mut sc.rows[l * d..(l + 1) * d]);
                     }
-                    transpose(qt, LANES, &sc.rows, d, queries.len(), d);
+                    transpose_scaled(qt, LANES, &sc.rows, d, size, &[scale; LANES]);
                 }
             }
         }
-        scale_lanes(&mut sc.panels.qt, &[scale; LANES]);
     }
 
     /// K and V rows of the key block `keys` as f32: in place for f32 unless the tiles pack them

@@ -79,9 +79,10 @@ impl PanelSoftmax {
         }
     }
 
-    /// Divides each accumulator column by its sum (0 for a query that saw no key) and returns
-    /// each query's natural-log log-sum-exp (−∞ for such a query).
-    pub(crate) fn finish(&self, acc: &mut [f32]) -> [f32; LANES] {
+    /// Each query's factor for its accumulator column, `1 / sum` (0 for a query that saw no
+    /// key), and its natural-log log-sum-exp (−∞ for such a query). The forward applies the
+    /// factors as it writes the output rows.
+    pub(crate) fn finish(&self) -> ([f32; LANES], [f32; LANES]) {
         let mut inv = [0f32; LANES];
         let mut lse = [f32::NEG_INFINITY; LANES];
         for l in 0..LANES {
@@ -90,8 +91,7 @@ impl PanelSoftmax {
                 lse[l] = (self.max[l] + self.sum[l].log2()) * std::f32::consts::LN_2;
             }
         }
-        scale_lanes(acc, &inv);
-        lse
+        (inv, lse)
     }
 }
 
@@ -123,7 +123,8 @@ mod tests {
                 }
             }
         }
-        let lse = sm.finish(&mut acc);
+        let (inv, lse) = sm.finish();
+        scale_lanes(&mut acc, &inv);
         let m = logits.iter().fold(f64::MIN, |m, &x| m.max(x as f64));
         let z: f64 = logits.iter().map(|&x| (x as f64 - m).exp2()).sum();
         let want: f64 = logits

@@ -4,7 +4,7 @@ use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 
 use super::simd::cpu_simd;
-use super::transpose::transpose_to;
+use super::transpose::{ColScale, transpose_to};
 use crate::dtype::{DType, Element};
 use crate::problem::RowLayout;
 
@@ -66,8 +66,8 @@ impl<'a, T: Copy> SharedOut<'a, T> {
 
 impl<T: Element> SharedOut<'_, T> {
     /// Writes the transpose of `src` (`rows × cols`, row stride `src_rs`) at `start`, its
-    /// column `c` becoming the row at `start + c · row_stride`, when the buffer holds f32;
-    /// returns false (writing nothing) otherwise.
+    /// column `c` times `f[c % 16]` becoming the row at `start + c · row_stride`, when the
+    /// buffer holds f32; returns false (writing nothing) otherwise.
     ///
     /// # Safety
     /// No other task may read or write those `cols` rows of `rows` elements during the
@@ -79,6 +79,7 @@ impl<T: Element> SharedOut<'_, T> {
         src: &[f32],
         src_rs: usize,
         (rows, cols): (usize, usize),
+        f: &ColScale,
     ) -> bool {
         if T::DTYPE != DType::F32 {
             return false;
@@ -99,8 +100,7 @@ impl<T: Element> SharedOut<'_, T> {
                 cpu_simd(),
                 self.ptr.cast::<f32>().add(start),
                 row_stride,
-                src,
-                src_rs,
+                (src, src_rs, Some(f)),
                 rows,
                 cols,
             )

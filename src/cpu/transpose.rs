@@ -1,8 +1,14 @@
 //! Strided f32 transpose, for moving rows in and out of the forward's 16-query panels:
 //! 16×16 blocks in AVX-512 registers or 8×8 blocks in AVX2 registers when the CPU has them
-//! (see [`cpu_simd`]), scalar at the edges and on other CPUs.
+//! (see [`cpu_simd`]), scalar at the edges and on other CPUs. The copies can scale the
+//! columns on the way (the forward's query scale going in, each query's `1 / sum` going out),
+//! which saves a pass over the panel.
 
 use super::simd::{Simd, cpu_simd};
+
+/// Factors for the columns of a transposed source: column `c` is multiplied by `f[c % 16]`
+/// (one factor for all columns, or one per query of a 16-query panel).
+pub(crate) type ColScale = [f32; 16];
 
 /// `dst[c · dst_rs + r] = src[r · src_rs + c]` for `r < rows`, `c < cols`.
 /// Panics if either side reaches outside its slice (an internal bug).
@@ -14,16 +20,30 @@ pub(crate) fn transpose(
     rows: usize,
     cols: usize,
 ) {
-    transpose_with(cpu_simd(), dst, dst_rs, src, src_rs, rows, cols);
+    transpose_with(cpu_simd(), dst, dst_rs, (src, src_rs, None), rows, cols);
 }
 
-/// [`transpose`] with the kernels of `simd` (at most [`cpu_simd`]).
-fn transpose_with(
-    simd: Simd,
+/// [`transpose`] with column `c` multiplied by `f[c % 16]`.
+pub(crate) fn transpose_scaled(
     dst: &mut [f32],
     dst_rs: usize,
     src: &[f32],
     src_rs: usize,
+    (rows, cols): (usize, usize),
+    f: &ColScale,
+) {
+    transpose_with(cpu_simd(), dst, dst_rs, (src, src_rs, Some(f)), rows, cols);
+}
+
+/// A transpose's source: the elements, their row stride and the column factors if any.
+type Source<'a> = (&'a [f32], usize, Option<&'a ColScale>);
+
+/// [`transpose_scaled`] with the kernels of `simd` (at most [`cpu_simd`]).
+fn transpose_with(
+    simd: Simd,
+    dst: &mut [f32],
+    dst_rs: usize,
+    src: Source<'_>,
     rows: usize,
     cols: usize,
 ) {
@@ -36,12 +56,12 @@ fn transpose_with(
     );
     // SAFETY: every destination element lies inside `dst` (asserted above), which is borrowed
     // mutably, so nothing else touches it and it does not overlap `src`.
-    unsafe { transpose_to(simd, dst.as_mut_ptr(), dst_rs, src, src_rs, rows, cols) }
+    unsafe { transpose_to(simd, dst.as_mut_ptr(), dst_rs, src, rows, cols) }
 }
 
-/// [`transpose`] with the kernels of `simd` (at most [`cpu_simd`]) into a destination given by
-/// pointer: `dst + c · dst_rs + r` for `r < rows`, `c < cols` (for rows of a buffer that other
-/// threads write elsewhere at the same time).
+/// [`transpose_scaled`] (unscaled without factors) with the kernels of `simd` (at most
+/// [`cpu_simd`]) into a destination given by pointer: `dst + c · dst_rs + r` for `r < rows`,
+/// `c < cols` (for rows of a buffer that other threads write elsewhere at the same time).
 ///
 /// # Safety
 /// Those destination elements must be valid for writes, and nothing else may read or write them
@@ -50,8 +70,7 @@ pub(crate) unsafe fn transpose_to(
     simd: Simd,
     dst: *mut f32,
     dst_rs: usize,
-    src: &[f32],
-    src_rs: usize,
+    (src, src_rs, f): Source<'_>,
     rows: usize,
     cols: usize,
 ) {
@@ -81,14 +100,16 @@ pub(crate) unsafe fn transpose_to(
                 // SAFETY: the level is available (checked above); the block at (r, c) lies
                 // inside the source (asserted above, r + size <= rows and c + size <= cols) and
                 // among the destination elements the caller vouches for, which do not overlap
-                // the source.
+                // the source; `f[c % 16..]` holds at least `size` factors (c is a multiple of
+                // `size`).
                 unsafe {
                     let d = dst.add(c * dst_rs + r);
                     let s = src.as_ptr().add(r * src_rs + c);
+                    let f = f.map(|f| f.as_ptr().add(c % 16));
                     if size == 16 {
-                        avx512::block16(d, dst_rs, s, src_rs);
+                        avx512::block16(d, dst_rs, s, src_rs, f);
                     } else {
-                        avx2::block8(d, dst_rs, s, src_rs);
+                        avx2::block8(d, dst_rs, s, src_rs, f);
                     }
                 }
             }
@@ -98,8 +119,9 @@ pub(crate) unsafe fn transpose_to(
     let scalar = |rs: std::ops::Range<usize>, cs: std::ops::Range<usize>| {
         for r in rs {
             for c in cs.clone() {
+                let x = src[r * src_rs + c] * f.map_or(1.0, |f| f[c % 16]);
                 // SAFETY: a destination element the caller vouches for.
-                unsafe { dst.add(c * dst_rs + r).write(src[r * src_rs + c]) };
+                unsafe { dst.add(c * dst_rs + r).write(x) };
             }
         }
     };
@@ -111,16 +133,27 @@ pub(crate) unsafe fn transpose_to(
 mod avx2 {
     use std::arch::x86_64::*;
 
-    /// Transposes the 8×8 block at `src` (row stride `src_rs`) into `dst` (row stride `dst_rs`).
+    /// Transposes the 8×8 block at `src` (row stride `src_rs`) into `dst` (row stride `dst_rs`),
+    /// its column `c` multiplied by `f[c]` when `f` is given.
     ///
     /// # Safety
     /// AVX2 must be available; 8 rows of 8 elements must be readable at `src` and writable at
-    /// `dst` with their strides, and the two must not overlap.
+    /// `dst` with their strides, the two must not overlap, and `f` must hold 8 f32.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn block8(dst: *mut f32, dst_rs: usize, src: *const f32, src_rs: usize) {
-        // SAFETY: rows 0..8 of the source block are readable (caller's contract).
-        let r: [__m256; 8] =
-            std::array::from_fn(|i| unsafe { _mm256_loadu_ps(src.add(i * src_rs)) });
+    pub(super) unsafe fn block8(
+        dst: *mut f32,
+        dst_rs: usize,
+        src: *const f32,
+        src_rs: usize,
+        f: Option<*const f32>,
+    ) {
+        // SAFETY: `f` holds 8 f32 and rows 0..8 of the source block are readable (caller's
+        // contract).
+        let f = f.map(|f| unsafe { _mm256_loadu_ps(f) });
+        let r: [__m256; 8] = std::array::from_fn(|i| {
+            let row = unsafe { _mm256_loadu_ps(src.add(i * src_rs)) };
+            f.map_or(row, |f| _mm256_mul_ps(row, f))
+        });
         // Interleave pairs of rows, then pairs of pairs, then swap 128-bit halves.
         let t0 = _mm256_unpacklo_ps(r[0], r[1]);
         let t1 = _mm256_unpackhi_ps(r[0], r[1]);
@@ -160,16 +193,27 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     /// Transposes the 16×16 block at `src` (row stride `src_rs`) into `dst` (row stride
-    /// `dst_rs`): 4×4 transposes inside each 128-bit lane, then a 4×4 transpose of the lanes.
+    /// `dst_rs`), its column `c` multiplied by `f[c]` when `f` is given: 4×4 transposes inside
+    /// each 128-bit lane, then a 4×4 transpose of the lanes.
     ///
     /// # Safety
     /// AVX-512F must be available; 16 rows of 16 elements must be readable at `src` and writable
-    /// at `dst` with their strides, and the two must not overlap.
+    /// at `dst` with their strides, the two must not overlap, and `f` must hold 16 f32.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn block16(dst: *mut f32, dst_rs: usize, src: *const f32, src_rs: usize) {
-        // SAFETY: rows 0..16 of the source block are readable (caller's contract).
-        let r: [__m512; 16] =
-            std::array::from_fn(|i| unsafe { _mm512_loadu_ps(src.add(i * src_rs)) });
+    pub(super) unsafe fn block16(
+        dst: *mut f32,
+        dst_rs: usize,
+        src: *const f32,
+        src_rs: usize,
+        f: Option<*const f32>,
+    ) {
+        // SAFETY: `f` holds 16 f32 and rows 0..16 of the source block are readable (caller's
+        // contract).
+        let f = f.map(|f| unsafe { _mm512_loadu_ps(f) });
+        let r: [__m512; 16] = std::array::from_fn(|i| {
+            let row = unsafe { _mm512_loadu_ps(src.add(i * src_rs)) };
+            f.map_or(row, |f| _mm512_mul_ps(row, f))
+        });
         // t: pairs of rows interleaved; u[4g + k]: in 128-bit lane j, column 4j + k of rows
         // 4g..4g + 4.
         let t: [__m512; 16] = std::array::from_fn(|i| {
@@ -215,6 +259,8 @@ mod tests {
 
     #[test]
     fn matches_the_definition_on_every_edge() {
+        // Factors that are exact in f32, different for each of 16 columns.
+        let factors: ColScale = std::array::from_fn(|c| 0.25 * (c as f32 + 1.0));
         for (rows, cols) in [
             (1, 1),
             (8, 8),
@@ -234,15 +280,19 @@ mod tests {
                 if simd > cpu_simd() {
                     continue;
                 }
-                let mut dst = vec![f32::NAN; cols * dst_rs];
-                transpose_with(simd, &mut dst, dst_rs, &src, src_rs, rows, cols);
-                for r in 0..rows {
-                    for c in 0..cols {
-                        assert_eq!(
-                            dst[c * dst_rs + r],
-                            src[r * src_rs + c],
-                            "{simd} {rows}×{cols} ({r},{c})"
-                        );
+                for f in [None, Some(&factors)] {
+                    let mut dst = vec![f32::NAN; cols * dst_rs];
+                    transpose_with(simd, &mut dst, dst_rs, (&src, src_rs, f), rows, cols);
+                    for r in 0..rows {
+                        for c in 0..cols {
+                            let want = src[r * src_rs + c] * f.map_or(1.0, |f| f[c % 16]);
+                            assert_eq!(
+                                dst[c * dst_rs + r],
+                                want,
+                                "{simd} {rows}×{cols} ({r},{c}) scaled: {}",
+                                f.is_some()
+                            );
+                        }
                     }
                 }
             }
