@@ -99,15 +99,17 @@ pub(crate) fn apply_mask(
         let b = (seen.end.clamp(keys.start, keys.end) - keys.start).max(a);
         (lo[l], hi[l]) = (a as i32, b as i32);
     }
-    let all_see = lo.iter().max().copied().unwrap_or(0)..hi.iter().min().copied().unwrap_or(0);
-    for (r, row) in (0i32..).zip(s[..n * LANES].chunks_exact_mut(LANES)) {
-        if all_see.contains(&r) {
-            continue;
-        }
-        for ((x, &a), &b) in row.iter_mut().zip(&lo).zip(&hi) {
-            // All ones where the key is hidden, as a bit mask.
-            let hide = u32::from((r < a) | (r >= b)).wrapping_neg();
-            *x = f32::from_bits(x.to_bits() & !hide | f32::NEG_INFINITY.to_bits() & hide);
+    // Rows every lane sees are left alone: only the rows before and after them are visited.
+    let first_all = lo.iter().max().map_or(0, |&a| a as usize);
+    let end_all = hi.iter().min().map_or(0, |&b| b as usize).max(first_all);
+    for rows in [0..first_all.min(n), end_all.min(n)..n] {
+        let rows_of_s = s[rows.start * LANES..rows.end * LANES].chunks_exact_mut(LANES);
+        for (r, row) in (rows.start as i32..).zip(rows_of_s) {
+            for ((x, &a), &b) in row.iter_mut().zip(&lo).zip(&hi) {
+                // All ones where the key is hidden, as a bit mask.
+                let hide = u32::from((r < a) | (r >= b)).wrapping_neg();
+                *x = f32::from_bits(x.to_bits() & !hide | f32::NEG_INFINITY.to_bits() & hide);
+            }
         }
     }
 }
