@@ -69,7 +69,8 @@ fn across_key_blocks() {
         Case::new(700, 650, 64)
             .heads(16, 8)
             .window(Some(300), Some(20)),
-        // f16/bf16 key blocks are converted per task, so these tasks also take 512 queries.
+        // f16/bf16 key rows are converted once per thread and head (kept from task to task),
+        // and these tasks also take 512 queries.
         Case::new(600, 640, 64)
             .heads(8, 8)
             .causal()
@@ -81,4 +82,35 @@ fn across_key_blocks() {
             .heads(4, 1),
     ];
     check_forward_cases("across_key_blocks", 60_000, &cases);
+}
+
+/// Converted or copied key rows are kept by each thread from one task to its next on the same
+/// head: the same shapes again with fresh inputs (a new call must not read the last call's
+/// rows), GQA (query heads sharing a kept head), windows whose tasks start at different keys,
+/// several sequences, and heads too long to keep (over 2 MiB of K and V: copied per block).
+#[test]
+fn kept_key_rows_belong_to_their_call_and_head() {
+    let same = Case::new(300, 300, 64)
+        .heads(2, 1)
+        .causal()
+        .dtype(DType::BF16);
+    let cases = vec![
+        same.clone(),
+        same.clone(),
+        same.window(Some(40), Some(8)),
+        Case::new(260, 270, 64)
+            .heads(16, 16)
+            .window(Some(90), Some(0)),
+        Case::new(260, 270, 64)
+            .heads(16, 16)
+            .window(Some(90), Some(0)),
+        Case::new(0, 0, 32)
+            .varlen(&[(150, 200), (0, 7), (140, 140), (300, 90)])
+            .heads(2, 1)
+            .causal()
+            .dtype(DType::F16),
+        Case::new(70, 600, 512).causal().dtype(DType::BF16),
+        Case::new(40, 1100, 256).heads(2, 1).dtype(DType::F16),
+    ];
+    check_forward_cases("kept_key_rows", 70_000, &cases);
 }

@@ -17,14 +17,18 @@
 //! blocks; see `microkernel`). Keys both panels see are multiplied once for both, keys only one
 //! sees for that one, so a causal diagonal block costs about 8 wasted keys per row, and only
 //! panels crossing the mask boundary mask per element. Tasks run longest first.
-//! f16/bf16 key blocks are converted to f32 once per block; f32 K/V rows are read in place
-//! unless the tiles pack them (`tile_config`: long heads, or rows that alias in L1).
+//! f32 K/V rows are read in place unless the tiles pack them (`tile_config`: long heads, or rows
+//! that alias in L1); packed or converted (f16/bf16) rows are kept by the thread for its next
+//! task on the same head when the head's K and V take at most 2 MiB as f32, else packed per key
+//! block.
 //!
-//! Extra memory: one scratch per worker thread (Qᵀ, Oᵀ, Sᵀ panel, converted K/V block), O(tile),
-//! kept by the thread from one call to the next (at most about 2 MiB, at head dim 512).
+//! Extra memory: one scratch per worker thread (Qᵀ, Oᵀ, Sᵀ panel, packed K/V rows), O(tile),
+//! kept by the thread from one call to the next (at most about 4 MiB: 2 MiB of tiles at head
+//! dim 512, 2 MiB of kept rows).
 
 use std::cell::RefCell;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
 
@@ -55,7 +59,7 @@ struct Scratch {
     panels: Panels,
     /// 16 query rows in row-major order (f32), on their way into or out of a panel.
     rows: Vec<f32>,
-    kv: KeyBlock,
+    kv: PackedKeys,
 }
 
 /// The task's query panels.
@@ -70,11 +74,16 @@ struct Panels {
     softmax: Vec<PanelSoftmax>,
 }
 
-/// K and V of the current key block as f32 when not read in place: `block_k × d`, `block_k × dv`.
+/// K and V rows as f32 when not read in place: rows `packed` of one (call, sequence, kv head),
+/// row `j` at `(j − packed.start)·width`, kept from task to task while the thread stays on that
+/// head; or, for heads too long to keep, the current key block alone.
 #[derive(Default)]
-struct KeyBlock {
+struct PackedKeys {
     k: Vec<f32>,
     v: Vec<f32>,
+    /// (call, sequence, kv head) whose rows `k` and `v` hold.
+    owner: Option<(u64, usize, usize)>,
+    packed: Range<usize>,
 }
 
 /// Rows `j0..` of K or V as f32: row `j0 + r` at `data[at + r·stride..]`.
@@ -140,6 +149,8 @@ pub(crate) fn run<T: CpuElement>(
         let head = if by_head { (t.b, t.h) } else { (0, 0) };
         (head, std::cmp::Reverse(keys))
     });
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
     tasks.par_iter().for_each(|task| {
         let ctx = TaskCtx {
             p,
@@ -151,6 +162,7 @@ pub(crate) fn run<T: CpuElement>(
             rows: task.q0..(task.q0 + tiles.block_q).min(p.seqs[task.b].nq),
             mask: p.mask(task.b),
             mods: ScoreMods::new(p, x.bias, task.b, task.h),
+            call,
         };
         SCRATCH.with(|cell| match cell.try_borrow_mut() {
             Ok(mut scratch) => ctx.run(&mut scratch, &out, &lse),
@@ -183,6 +195,8 @@ struct TaskCtx<'a, T> {
     rows: Range<usize>,
     mask: Mask,
     mods: ScoreMods<'a>,
+    /// This call's number, telling its kept key rows from another call's.
+    call: u64,
 }
 
 impl<T: CpuElement> TaskCtx<'_, T> {
@@ -427,61 +441,67 @@ impl<T: CpuElement> TaskCtx<'_, T> {
     }
 
     /// K and V rows of the key block `keys` as f32: in place for f32 unless the tiles pack them
-    /// (see [`forward_tiles`]), converted or copied into `kv` otherwise.
+    /// (see [`forward_tiles`]), converted or copied into `kv` otherwise, where they stay for the
+    /// thread's next task on the same head when the head fits [`KEPT_HEAD_BYTES`].
     fn key_block<'s>(
         &'s self,
-        kv: &'s mut KeyBlock,
+        kv: &'s mut PackedKeys,
         keys: Range<usize>,
     ) -> (KeyRows<'s>, KeyRows<'s>) {
         let (p, b, hk) = (self.p, self.b, self.hk);
-        let pack = self.tiles.pack_kv;
-        let k = key_rows(
-            &mut kv.k,
-            self.x.k,
-            (p.k.row, pack),
-            p.head_dim,
-            keys.clone(),
-            |j| p.k_at(b, j, hk),
-        );
-        let v = key_rows(
-            &mut kv.v,
-            self.x.v,
-            (p.v.row, pack),
-            p.head_dim_v,
-            keys,
-            |j| p.v_at(b, j, hk),
-        );
-        (k, v)
+        let (d, dv) = (p.head_dim, p.head_dim_v);
+        let in_place = |x: &'s [T], stride, at: usize| {
+            T::as_f32_slice(x)
+                .filter(|_| !self.tiles.pack_kv)
+                .map(|data| KeyRows { data, at, stride })
+        };
+        if let (Some(k), Some(v)) = (
+            in_place(self.x.k, p.k.row, p.k_at(b, keys.start, hk)),
+            in_place(self.x.v, p.v.row, p.v_at(b, keys.start, hk)),
+        ) {
+            return (k, v);
+        }
+        let nk = p.seqs[b].nk;
+        let keep = nk * (d + dv) * size_of::<f32>() <= KEPT_HEAD_BYTES;
+        let owner = (self.call, b, hk);
+        let fits = keep
+            && kv.owner == Some(owner)
+            && kv.packed.start <= keys.start
+            && keys.start <= kv.packed.end;
+        if !fits {
+            kv.owner = keep.then_some(owner);
+            kv.packed = keys.start..keys.start;
+            let rows = if keep { nk - keys.start } else { keys.len() };
+            kv.k.resize(rows * d, 0.0);
+            kv.v.resize(rows * dv, 0.0);
+        }
+        let base = kv.packed.start;
+        for j in kv.packed.end.max(keys.start)..keys.end {
+            let (ka, va) = (p.k_at(b, j, hk), p.v_at(b, j, hk));
+            let r = j - base;
+            T::widen_into(&self.x.k[ka..ka + d], &mut kv.k[r * d..(r + 1) * d]);
+            T::widen_into(&self.x.v[va..va + dv], &mut kv.v[r * dv..(r + 1) * dv]);
+        }
+        kv.packed.end = kv.packed.end.max(keys.end);
+        let at = keys.start - base;
+        (
+            KeyRows {
+                data: &kv.k,
+                at: at * d,
+                stride: d,
+            },
+            KeyRows {
+                data: &kv.v,
+                at: at * dv,
+                stride: dv,
+            },
+        )
     }
 }
 
-/// Rows `keys` of K or V (`width` values each, row `j` at `at(j)` in `src`, rows `stride` apart)
-/// as f32: `src` itself when it is f32 and not to be packed, else widened or copied into `buf`.
-fn key_rows<'s, T: CpuElement>(
-    buf: &'s mut Vec<f32>,
-    src: &'s [T],
-    (stride, pack): (usize, bool),
-    width: usize,
-    keys: Range<usize>,
-    at: impl Fn(usize) -> usize,
-) -> KeyRows<'s> {
-    if let Some(data) = T::as_f32_slice(src)
-        && !pack
-    {
-        return KeyRows {
-            data,
-            at: at(keys.start),
-            stride,
-        };
-    }
-    buf.resize(keys.len() * width, 0.0);
-    for (r, j) in keys.enumerate() {
-        let a = at(j);
-        T::widen_into(&src[a..a + width], &mut buf[r * width..(r + 1) * width]);
-    }
-    KeyRows {
-        data: buf,
-        at: 0,
-        stride: width,
-    }
-}
+/// The most bytes of one head's converted or packed K and V rows a thread keeps for its next
+/// task on that head. Packed per task instead, every 512-query task of a head copied all its
+/// rows again: f32, B=1, H=8, D=64, N=4096 (K and V 2 MiB a head), 2 threads, `flashattn bench`
+/// GFLOP/s over three interleaved rounds, per task → kept: full 414–429 → 435–438, causal
+/// 402–415 → 423–427; one thread full 214–219 → 225, causal 208 → 216–219 (2026-11-23).
+const KEPT_HEAD_BYTES: usize = 2 << 20;

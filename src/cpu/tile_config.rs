@@ -61,7 +61,8 @@ pub(crate) fn forward_tiles(
     let head_bytes = nk.saturating_mul(d + dv).saturating_mul(size_of::<f32>());
     let long = head_bytes > L2_BYTES;
     let aliases = kv_strides.iter().any(|&s| aliases_in_l1(s));
-    // f16/bf16 key blocks are converted to f32 by every task that uses them.
+    // f16/bf16 key rows are converted to f32 by every task, or by every thread for heads it
+    // keeps (see `forward`).
     let big = (long || aliases || !f32_inputs) && rows_per_thread >= 4 * 512;
     ForwardTiles {
         block_q: if big { 512 } else { 128 },
