@@ -442,7 +442,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
 
     /// K and V rows of the key block `keys` as f32: in place for f32 unless the tiles pack them
     /// (see [`forward_tiles`]), converted or copied into `kv` otherwise, where they stay for the
-    /// thread's next task on the same head when the head fits [`KEPT_HEAD_BYTES`].
+    /// thread's next task on the same head when the tiles keep them.
     fn key_block<'s>(
         &'s self,
         kv: &'s mut PackedKeys,
@@ -461,8 +461,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         ) {
             return (k, v);
         }
-        let nk = p.seqs[b].nk;
-        let keep = nk * (d + dv) * size_of::<f32>() <= KEPT_HEAD_BYTES;
+        let (nk, keep) = (p.seqs[b].nk, self.tiles.keep_kv);
         let owner = (self.call, b, hk);
         let fits = keep
             && kv.owner == Some(owner)
@@ -498,10 +497,3 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         )
     }
 }
-
-/// The most bytes of one head's converted or packed K and V rows a thread keeps for its next
-/// task on that head. Packed per task instead, every 512-query task of a head copied all its
-/// rows again: f32, B=1, H=8, D=64, N=4096 (K and V 2 MiB a head), 2 threads, `flashattn bench`
-/// GFLOP/s over three interleaved rounds, per task → kept: full 414–429 → 435–438, causal
-/// 402–415 → 423–427; one thread full 214–219 → 225, causal 208 → 216–219 (2026-11-23).
-const KEPT_HEAD_BYTES: usize = 2 << 20;

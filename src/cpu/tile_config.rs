@@ -11,11 +11,21 @@ pub(crate) struct ForwardTiles {
     /// Copy each key block of K and V into packed rows even when they are f32 (see
     /// [`forward_tiles`]).
     pub pack_kv: bool,
+    /// Rows packed or converted to f32 (`pack_kv`, or f16/bf16 inputs) stay with the thread
+    /// for its next task on the same head: a head's K and V take at most [`KEPT_HEAD_BYTES`].
+    pub keep_kv: bool,
 }
 
 /// The per-core L2 size the tiles are chosen for (1 MiB on the Zen 5 machines measured; larger
 /// on most server CPUs, where the split below only moves to longer sequences).
 const L2_BYTES: usize = 1 << 20;
+
+/// The most bytes of one head's converted or packed K and V rows a thread keeps for its next
+/// task on that head. Packed per task instead, every 512-query task of a head copied all its
+/// rows again: f32, B=1, H=8, D=64, N=4096 (K and V 2 MiB a head), 2 threads, `flashattn bench`
+/// GFLOP/s over three interleaved rounds, per task → kept: full 414–429 → 435–438, causal
+/// 402–415 → 423–427; one thread full 214–219 → 225, causal 208 → 216–219 (2026-11-23).
+const KEPT_HEAD_BYTES: usize = 2 << 20;
 
 /// Tiles for head dims `d` (Q, K) and `dv` (V), at most `nk` keys per sequence, K and V rows
 /// `kv_strides` elements apart and f32 or not (`f32_inputs`), and `rows_per_thread` query rows
@@ -68,6 +78,7 @@ pub(crate) fn forward_tiles(
         block_q: if big { 512 } else { 128 },
         block_k,
         pack_kv: aliases || (long && kv_strides.iter().any(|&s| s > d.max(dv))),
+        keep_kv: head_bytes <= KEPT_HEAD_BYTES,
     }
 }
 
