@@ -81,10 +81,13 @@ pub(crate) trait CpuElement: Element {
     /// Widens `src` into `dst` (equal lengths) with the CPU's conversion instructions where the
     /// `half` crate has them (F16C for f16, detected at run time).
     fn widen_into(src: &[Self], dst: &mut [f32]);
+    /// Narrows `src` into `dst` (equal lengths), rounding to nearest even, with the CPU's
+    /// conversion instructions where the `half` crate has them (F16C for f16).
+    fn narrow_into(src: &[f32], dst: &mut [Self]);
 }
 
 macro_rules! cpu_element {
-    ($t:ty, $variant:ident, $as_f32:ident, $widen:ident) => {
+    ($t:ty, $variant:ident, $as_f32:ident, $widen:ident, $narrow:ident) => {
         impl CpuElement for $t {
             fn slice(s: &CpuStorage) -> Option<&[Self]> {
                 match s {
@@ -107,6 +110,9 @@ macro_rules! cpu_element {
             fn widen_into(src: &[Self], dst: &mut [f32]) {
                 $widen(src, dst)
             }
+            fn narrow_into(src: &[f32], dst: &mut [Self]) {
+                $narrow(src, dst)
+            }
         }
     };
 }
@@ -125,9 +131,16 @@ where
 {
     half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, dst);
 }
-cpu_element!(f32, F32, Some, copy_f32);
-cpu_element!(f16, F16, not_f32, widen_half);
-cpu_element!(bf16, BF16, not_f32, widen_half);
+/// The `narrow_into` of f16 and bf16: `half`'s slice conversion.
+fn narrow_half<T>(src: &[f32], dst: &mut [T])
+where
+    [T]: half::slice::HalfFloatSliceExt,
+{
+    half::slice::HalfFloatSliceExt::convert_from_f32_slice(dst, src);
+}
+cpu_element!(f32, F32, Some, copy_f32, copy_f32);
+cpu_element!(f16, F16, not_f32, widen_half, narrow_half);
+cpu_element!(bf16, BF16, not_f32, widen_half, narrow_half);
 
 /// The buffer behind a tensor.
 #[derive(Debug)]

@@ -220,12 +220,7 @@ fn sum_partials<T: CpuElement>(
                     .for_each(|(r, x)| *r += x);
             }
             // SAFETY: dq[b, i, h, ..] is written by this (b, h) task alone.
-            unsafe {
-                dq.write_row(
-                    p.query_at(&dq.layout, b, i, h),
-                    row.iter().map(|&g| T::from_f32(g * factor)),
-                )
-            };
+            unsafe { dq.write_f32_row(p.query_at(&dq.layout, b, i, h), &row, factor) };
         }
     });
 }

@@ -257,17 +257,15 @@ impl<T: CpuElement> BlockCtx<'_, T> {
             // SAFETY: the dK/dV rows of (b, hk, key j) belong to the one task that owns key
             // block `keys`.
             unsafe {
-                out.dk.write_row(
+                out.dk.write_f32_row(
                     p.key_at(&out.dk.layout, b, j, hk),
-                    sc.dk[c * d16..c * d16 + d]
-                        .iter()
-                        .map(|&g| T::from_f32(g * p.scale)),
+                    &sc.dk[c * d16..c * d16 + d],
+                    p.scale,
                 );
-                out.dv.write_row(
+                out.dv.write_f32_row(
                     p.key_at(&out.dv.layout, b, j, hk),
-                    sc.dv[c * dv16..c * dv16 + dv]
-                        .iter()
-                        .map(|&g| T::from_f32(g)),
+                    &sc.dv[c * dv16..c * dv16 + dv],
+                    1.0,
                 );
             }
         }

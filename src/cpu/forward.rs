@@ -39,6 +39,7 @@ use super::matmul::Write;
 use super::microkernel::{PairOffsets, PanelStrides, panels_product, softmax_product};
 use super::online_softmax::PanelSoftmax;
 use super::pieces::{contains, merged, pieces};
+use super::prefetch::prefetch_rows;
 use super::score_mods::{ScoreMods, apply_mask};
 use super::tile_config::{ForwardTiles, forward_tiles};
 use super::transpose::transpose_scaled;
@@ -227,7 +228,18 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         }
 
         sc.rows.resize(LANES * dv.max(d), 0.0);
+        // The output rows of the panel after next are fetched while this panel is written.
+        let prefetch = |panel: usize| {
+            if panel < panels {
+                let queries = self.panel_queries(panel);
+                let at = p.query_at(&out.layout, b, queries.start, h);
+                out.prefetch_rows((at, out.layout.row), queries.len(), dv);
+            }
+        };
+        prefetch(0);
+        prefetch(1);
         for panel in 0..panels {
+            prefetch(panel + 2);
             let ot = &mut sc.panels.ot[panel * dv * LANES..(panel + 1) * dv * LANES];
             let (inv, lse_panel) = sc.panels.softmax[panel].finish();
             let queries = self.panel_queries(panel);
@@ -245,11 +257,10 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                 // SAFETY: out[b, i, h, ..] and lse[b, h, i] belong to this task alone.
                 unsafe {
                     if !written {
-                        out.write_row(
+                        out.write_f32_row(
                             p.query_at(&out.layout, b, i, h),
-                            sc.rows[l * dv..(l + 1) * dv]
-                                .iter()
-                                .map(|&o| T::from_f32(o)),
+                            &sc.rows[l * dv..(l + 1) * dv],
+                            1.0,
                         );
                     }
                     lse.write_row(p.lse_at(b, h, i), std::iter::once(lse_panel[l]));
@@ -419,7 +430,19 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         // its zeros.
         sc.panels.qt.resize(panels * d * LANES, 0.0);
         sc.rows.resize(LANES * d.max(p.head_dim_v), 0.0);
+        // The query rows of the panel after next are fetched while this panel is packed.
+        let prefetch = |panel: usize| {
+            if panel < panels {
+                let queries = self.panel_queries(panel);
+                let at = p.q_at(self.b, queries.start, self.h);
+                let q = self.x.q;
+                prefetch_rows(q.as_ptr(), q.len(), (at, p.q.row), queries.len(), d);
+            }
+        };
+        prefetch(0);
+        prefetch(1);
         for panel in 0..panels {
+            prefetch(panel + 2);
             let queries = self.panel_queries(panel);
             let at = p.q_at(self.b, queries.start, self.h);
             let qt = &mut sc.panels.qt[panel * d * LANES..(panel + 1) * d * LANES];

@@ -14,6 +14,7 @@ mod matmul;
 mod microkernel;
 mod online_softmax;
 mod pieces;
+mod prefetch;
 mod score_mods;
 mod shared_out;
 mod simd;
