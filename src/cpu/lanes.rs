@@ -3,6 +3,7 @@
 //! vectorizes with the baseline SSE2).
 
 use super::exp::LANES;
+#[cfg(target_arch = "x86_64")]
 use super::simd::{Simd, cpu_simd};
 
 /// The largest value of each lane over the rows of a `rows × 16` panel (−∞ for no rows).

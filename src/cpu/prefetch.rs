@@ -3,9 +3,6 @@
 //! are sixteen short streams a panel, which the hardware prefetchers do not follow, so without
 //! a hint each 16×16 transpose waits on its rows coming from L3 or memory.
 
-/// Bytes one prefetch brings in (a cache line).
-const LINE: usize = 64;
-
 /// Asks for the cache lines of `rows` rows of `len` elements of the buffer of `buf_len`
 /// elements at `buf`, the first row at element `start` and each `stride` after the last, to be
 /// brought into L1; what lies outside the buffer is skipped. A hint only: no result depends on
@@ -20,6 +17,8 @@ pub(crate) fn prefetch_rows<T>(
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        /// Bytes one prefetch brings in (a cache line).
+        const LINE: usize = 64;
         for r in 0..rows {
             let first = start + r * stride;
             let end = (first + len).min(buf_len);

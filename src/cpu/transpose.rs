@@ -85,6 +85,8 @@ pub(crate) unsafe fn transpose_to(
     // blocks leave), elements one by one at the edges.
     debug_assert!(simd <= cpu_simd());
     // The blocks so far cover rows 0..covered.0 and columns 0..covered.1.
+    // (Only the x86-64 kernels move it.)
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut covered = (0, 0);
     #[cfg(target_arch = "x86_64")]
     for (size, level) in [(16, Simd::Avx512), (8, Simd::Avx2)] {

@@ -104,6 +104,11 @@ fn nvrtc_compile(src: &KernelSource, arch: &str, output: Output) -> Result<Vec<u
     })
 }
 
+/// A C character as a byte (`c_char` is `i8` on x86-64 and `u8` on aarch64).
+fn byte(c: std::ffi::c_char) -> u8 {
+    c.to_ne_bytes()[0]
+}
+
 /// Compiles `prog` and extracts the output; on failure returns NVRTC's log.
 ///
 /// # Safety
@@ -118,7 +123,7 @@ unsafe fn compile_program(
         // SAFETY: as above.
         let log = unsafe { nvrtc::get_program_log(prog) }
             .map(|raw| {
-                let bytes: Vec<u8> = raw.iter().map(|&c| c as u8).collect();
+                let bytes: Vec<u8> = raw.iter().map(|&c| byte(c)).collect();
                 CStr::from_bytes_until_nul(&bytes)
                     .map(|s| s.to_string_lossy().into_owned())
                     .unwrap_or_default()
@@ -132,7 +137,7 @@ unsafe fn compile_program(
             let raw = unsafe { nvrtc::get_ptx(prog) }.map_err(|e| format!("nvrtcGetPTX: {e:?}"))?;
             Ok(raw
                 .iter()
-                .map(|&c| c as u8)
+                .map(|&c| byte(c))
                 .take_while(|&b| b != 0)
                 .collect())
         }

@@ -18,7 +18,9 @@
 //! and cubic (2026-11-23). Worst relative error over the whole range 2.1e-7 (AVX2: 7.4e-8); it
 //! gives subnormals where the other paths flush results below 2^-126 to 0.
 
-use super::simd::{Simd, cpu_simd};
+#[cfg(target_arch = "x86_64")]
+use super::simd::Simd;
+use super::simd::cpu_simd;
 
 /// Coefficients of `2^f` on `[−½, ½]`, lowest degree first.
 const EXP2_POLY: [f32; 7] = [
