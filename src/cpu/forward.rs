@@ -22,6 +22,9 @@
 //! task on the same head when the head's K and V take at most 2 MiB as f32, else packed per key
 //! block.
 //!
+//! Query rows are prefetched two panels ahead of their packing and output rows two panels ahead
+//! of their writing (`prefetch`).
+//!
 //! Extra memory: one scratch per worker thread (Qᵀ, Oᵀ, Sᵀ panel, packed K/V rows), O(tile),
 //! kept by the thread from one call to the next (at most about 4 MiB: 2 MiB of tiles at head
 //! dim 512, 2 MiB of kept rows).
