@@ -17,6 +17,7 @@ use rayon::prelude::*;
 use super::SharedOut;
 use super::backward_block::{BlockCtx, Scratch, Sinks, padded};
 use super::bias_grad::BiasGrad;
+use super::elementwise::dot;
 use crate::problem::{Problem, RowLayout};
 use crate::tensor::CpuElement;
 
@@ -185,13 +186,13 @@ fn row_deltas<T: CpuElement>(p: &Problem, x: &Inputs<'_, T>, l: &Layouts) -> Vec
         let (b, h) = (bh / p.heads_q, bh % p.heads_q);
         for i in 0..p.seqs[b].nq {
             let (o, g) = (p.query_at(&l.out, b, i, h), p.query_at(&l.dout, b, i, h));
-            let dot: f32 = x.out[o..o + dv]
-                .iter()
-                .zip(&x.dout[g..g + dv])
-                .map(|(a, b)| a.to_f32() * b.to_f32())
-                .sum();
+            let (o, g) = (&x.out[o..o + dv], &x.dout[g..g + dv]);
+            let d = match (T::as_f32_slice(o), T::as_f32_slice(g)) {
+                (Some(o), Some(g)) => dot(o, g),
+                _ => o.iter().zip(g).map(|(a, b)| a.to_f32() * b.to_f32()).sum(),
+            };
             // SAFETY: D[b, h, i] is written by this (b, h) task alone.
-            unsafe { out.write_row(p.lse_at(b, h, i), std::iter::once(dot)) };
+            unsafe { out.write_row(p.lse_at(b, h, i), std::iter::once(d)) };
         }
     });
     delta

@@ -31,6 +31,7 @@ use std::ops::Range;
 use super::SharedOut;
 use super::backward::{Inputs, Layouts};
 use super::bias_grad::{BiasGrad, TileFold};
+use super::elementwise::softmax_grad;
 use super::exp::exp2_shifted_sum;
 use super::matmul::Write;
 use super::microkernel::{PANEL, PairOffsets, PanelStrides, panels_product};
@@ -410,9 +411,7 @@ impl<T: CpuElement> BlockCtx<'_, T> {
                 &s[r * nc16..(r + 1) * nc16],
                 &mut ds[r * nc16..(r + 1) * nc16],
             );
-            dr.iter_mut()
-                .zip(pr)
-                .for_each(|(g, &pij)| *g = pij * (*g - delta));
+            softmax_grad(dr, pr, delta);
         }
         if let Some(db) = out.dbias {
             db.add_tile(fold, (ds, nc16), b, h, rows.clone(), keys.clone());
