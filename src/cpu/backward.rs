@@ -53,18 +53,27 @@ struct BackwardTiles {
     block_k: usize,
 }
 
-/// Tiles of the backward: 64 × 64 for every head dim (at d = 512 a key block's buffers take
-/// 640 KiB, still within L2).
+/// Tiles of the backward for head dims `d` (Q, K) and `dv` (V): 128 query rows, and key blocks
+/// of 128 keys up to head dim 256, 64 beyond, so that a key block's packed `αKᵀ`, `Vᵀ`, `αK`
+/// and its dK/dV accumulators (five `block_k × dim` f32 buffers: 160 KiB at d = 64, 640 KiB at
+/// d = 256 and, with 64 keys, at d = 512) stay in a 1 MiB L2 with the tile's S and dP (64 KiB
+/// each).
 ///
-/// The key block's packed `αKᵀ`, `Vᵀ`, `αK` and its dK/dV accumulators (5 · 64 · 64 floats at
-/// d = 64, 80 KiB) and a tile's S and dP (32 KiB) stay in L2. Measured f32, B=1 H=8 D=64, 2
-/// threads pinned on 2 cores of the device machine's Xeon (2026-11-22, a shared VM, ±15% between
-/// runs): 64×64 gave 98–128 GFLOP/s at N=4096 and 98 at N=1024; 128×64, 64×128, 128×128 and
-/// 32×64 were no better (89–117 and 74–99).
-const TILES: BackwardTiles = BackwardTiles {
-    block_q: 64,
-    block_k: 64,
-};
+/// Measured on the 2-core Zen 5 VM (AVX-512 kernels, 2026-11-23), f32, `backward_into`, 2
+/// threads, fastest call in two rounds, µs, 64×64 (the earlier tiles, chosen on the device
+/// machine's Xeon with AVX2 kernels) → 128×128: H=8, N=1024, D=64 full 13339–13501 →
+/// 12611–12653, causal 7217–7335 → 6911–6982 (128×64, 64×128, 256×128, 128×256, 256×256,
+/// 192×128 within 2% of 128×128; 32×64 and 64×32 slower); N=4096 full 198794–199254 →
+/// 187137–187371, causal 103033–103429 → 97079–98429; D=32 full 7021–7132 → 6598–6807;
+/// D=128 full 25923–26097 → 25038–25113 (128×64 the same); D=256 full 52274–53511 →
+/// 49979–50916; H=1, N=4096 full 24626–25787 → 23600–24145. At D=512 128×64 and 128×128
+/// were within noise of 64×64 (100829–107941 µs).
+fn backward_tiles(d: usize, dv: usize) -> BackwardTiles {
+    BackwardTiles {
+        block_q: 128,
+        block_k: if d.max(dv) <= 256 { 128 } else { 64 },
+    }
+}
 
 /// The most memory the dQ partials may take beyond the first (a full-size f32 dQ): bounds the
 /// chunk count for long sequences on machines with many threads.
@@ -93,7 +102,7 @@ struct Task<'a> {
 }
 
 pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: Outputs<'_, T>) {
-    let tiles = TILES;
+    let tiles = backward_tiles(p.head_dim, p.head_dim_v);
     let delta = row_deltas(p, &x, l);
     let chunks = key_chunks(p, tiles.block_k);
     let row_len = p.group() * padded(p.head_dim);
@@ -224,4 +233,23 @@ fn sum_partials<T: CpuElement>(
             unsafe { dq.write_f32_row(p.query_at(&dq.layout, b, i, h), &row, factor) };
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key block's five f32 buffers (`αKᵀ`, `Vᵀ`, `αK`, dK, dV) stay within 640 KiB at every
+    /// head dim, and tiles are whole 16-row panels.
+    #[test]
+    fn key_block_buffers_fit_l2_at_every_head_dim() {
+        for d in (1..=512).step_by(7).chain([64, 128, 256, 257, 512]) {
+            for dv in [d, 64, 512] {
+                let t = backward_tiles(d, dv);
+                let bytes = t.block_k * (3 * padded(d) + 2 * padded(dv)) * 4;
+                assert!(bytes <= 640 << 10, "d {d} dv {dv}: {bytes} bytes");
+                assert_eq!((t.block_q % 16, t.block_k % 16), (0, 0));
+            }
+        }
+    }
 }
