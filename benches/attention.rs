@@ -2,7 +2,10 @@
 //!
 //! `cargo bench --bench attention` (add a criterion filter such as `forward` to run a part).
 //! Shapes of the core issue: f32, B=1, H=8, D=64, N ∈ {1024, 4096}, causal and not, for
-//! `flashattn::forward` and `flashattn::backward`. FLOPs by the usual count: `4·B·H·N²·D` for the
+//! `flashattn::forward` and `flashattn::backward`, and `flashattn::backward_into` writing into
+//! the gradients of an untimed first call, as the sgemm writes into a kept C: the allocating
+//! `backward` also pays for fresh pages whenever the allocator has given its last call's
+//! gradients back to the system (see BENCHMARKS.md, "Backward and fresh pages"). FLOPs by the usual count: `4·B·H·N²·D` for the
 //! forward, halved when causal, ×2.5 for the backward; criterion's "elements" are these FLOPs, so
 //! its `thrpt` reads as FLOP/s. The ceiling is a gemm-crate sgemm of 1024×1024×1024 on all
 //! threads (AVX-512 where the CPU has it: the crate is built with its `x86-v4` feature),
@@ -19,7 +22,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use flashattn::{AttentionParams, Tensor, backward, forward};
+use flashattn::{AttentionParams, Tensor, backward, backward_into, forward};
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
 const BATCH: usize = 1;
@@ -171,7 +174,7 @@ fn main() {
     };
     measure_gemm(&mut c, 0);
 
-    for pass in ["forward", "backward"] {
+    for pass in ["forward", "backward", "backward_into"] {
         let mut g = c.benchmark_group(pass);
         for &seq in &SEQLENS {
             let shape = [BATCH, seq, HEADS, HEAD_DIM];
@@ -205,7 +208,7 @@ fn main() {
                             })
                         })
                     });
-                } else {
+                } else if pass == "backward" {
                     let f = forward(&q, &k, &v, &params).expect("forward");
                     g.bench_function(BenchmarkId::from_parameter(&label), |bench| {
                         bench.iter_custom(|iters| {
@@ -214,6 +217,21 @@ fn main() {
                                     backward(&q, &k, &v, &f.out, &f.lse, &dout, &params)
                                         .expect("backward"),
                                 );
+                            })
+                        })
+                    });
+                } else {
+                    let f = forward(&q, &k, &v, &params).expect("forward");
+                    let mut grads =
+                        backward(&q, &k, &v, &f.out, &f.lse, &dout, &params).expect("backward");
+                    g.bench_function(BenchmarkId::from_parameter(&label), |bench| {
+                        bench.iter_custom(|iters| {
+                            timed(&samples, iters, || {
+                                backward_into(
+                                    &q, &k, &v, &f.out, &f.lse, &dout, &params, &mut grads,
+                                )
+                                .expect("backward_into");
+                                black_box(&grads);
                             })
                         })
                     });
