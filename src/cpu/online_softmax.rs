@@ -14,7 +14,7 @@
 //! `2^−∞ = 0` and its sum stays 0; at the end it gives output 0 and log-sum-exp −∞.
 
 use super::exp::{LANES, exp2_shifted_panel};
-use super::lanes::{lane_max, scale_lanes};
+use super::lanes::{lane_lse, lane_max, scale_lanes};
 
 /// Running maximum (base 2) and sum of each query of a panel.
 #[derive(Clone, Copy, Debug)]
@@ -83,15 +83,8 @@ impl PanelSoftmax {
     /// key), and its natural-log log-sum-exp (−∞ for such a query). The forward applies the
     /// factors as it writes the output rows.
     pub(crate) fn finish(&self) -> ([f32; LANES], [f32; LANES]) {
-        let mut inv = [0f32; LANES];
-        let mut lse = [f32::NEG_INFINITY; LANES];
-        for l in 0..LANES {
-            if self.sum[l] > 0.0 {
-                inv[l] = 1.0 / self.sum[l];
-                lse[l] = (self.max[l] + self.sum[l].log2()) * std::f32::consts::LN_2;
-            }
-        }
-        (inv, lse)
+        let inv = self.sum.map(|s| if s > 0.0 { 1.0 / s } else { 0.0 });
+        (inv, lane_lse(&self.max, &self.sum))
     }
 }
 
