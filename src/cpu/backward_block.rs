@@ -35,6 +35,8 @@ use super::elementwise::softmax_grad;
 use super::exp::exp2_shifted_sum;
 use super::matmul::Write;
 use super::microkernel::{PANEL, PairOffsets, PanelStrides, panels_product};
+use super::score_mods::sub_alibi;
+use super::softcap::softcap;
 use super::transpose::transpose;
 use crate::mask::Mask;
 use crate::problem::{BiasLayout, Problem, RowLayout};
@@ -464,29 +466,33 @@ impl<T: CpuElement> BlockCtx<'_, T> {
 impl HeadMods<'_> {
     /// Turns `q·k·scale` of the tile (row stride `keys.len()` rounded up to 16) into base-2
     /// logits (softcap → ALiBi → bias → `· log2e`) and stores the softcap's derivative
-    /// `1 − tanh²(s/cap)` in `dcap` (when there is a cap).
+    /// `1 − tanh²(s/cap)` in `dcap` (when there is a cap), a pass over each row per step.
     fn apply(&self, s: &mut [f32], dcap: &mut [f32], rows: Range<usize>, keys: Range<usize>) {
         let (nc, ld) = (keys.len(), padded(keys.len()));
+        let [_, _, si, sj] = self.bias.map_or([0; 4], |(_, _, layout)| layout.strides);
         for (r, i) in rows.enumerate() {
             let row = &mut s[r * ld..r * ld + nc];
             if let Some(cap) = self.softcap {
-                let inv = 1.0 / cap;
-                for (x, dc) in row.iter_mut().zip(&mut dcap[r * ld..r * ld + nc]) {
-                    let t = (*x * inv).tanh();
-                    *x = cap * t;
-                    *dc = 1.0 - t * t;
-                }
+                softcap(row, cap, Some(&mut dcap[r * ld..r * ld + nc]));
             }
             if self.slope != 0.0 {
-                let center = i as i64 + self.diag;
-                for (x, j) in row.iter_mut().zip(keys.clone()) {
-                    *x -= self.slope * (j as i64 - center).abs() as f32;
-                }
+                // Key keys.start + x is |c + x| keys from query i's diagonal.
+                sub_alibi(
+                    row,
+                    self.slope,
+                    keys.start as i64 - (i as i64 + self.diag),
+                    1,
+                );
             }
-            if let Some((data, row0, layout)) = self.bias {
-                let at = row0 + i * layout.strides[2];
-                for (x, j) in row.iter_mut().zip(keys.clone()) {
-                    *x += data[at + j * layout.strides[3]];
+            if let Some((data, row0, _)) = self.bias {
+                let at = row0 + i * si;
+                if sj == 1 {
+                    let b = &data[at + keys.start..at + keys.end];
+                    row.iter_mut().zip(b).for_each(|(x, b)| *x += b);
+                } else {
+                    for (x, j) in row.iter_mut().zip(keys.clone()) {
+                        *x += data[at + j * sj];
+                    }
                 }
             }
             row.iter_mut().for_each(|x| *x *= LOG2_E);

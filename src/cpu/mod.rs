@@ -19,6 +19,7 @@ mod prefetch;
 mod score_mods;
 mod shared_out;
 mod simd;
+mod softcap;
 mod tile_config;
 mod transpose;
 

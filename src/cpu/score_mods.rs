@@ -10,6 +10,8 @@ use crate::mask::Mask;
 use crate::problem::{BiasLayout, Problem};
 
 use super::exp::LANES;
+use super::softcap::softcap;
+use super::transpose::transpose;
 
 /// The score options of one (sequence, query head).
 #[derive(Clone, Copy, Debug)]
@@ -47,7 +49,11 @@ impl<'a> ScoreMods<'a> {
 
     /// Turns the scaled scores `q·k·scale` of a `keys × 16` panel (`Sᵀ`, lane `l` = query
     /// `first_query + l`, only the first `queries` lanes used) into base-2 logits: softcap,
-    /// ALiBi and bias, then `· log2(e)`. Only call when [`Self::any`].
+    /// ALiBi and bias, then `· log2(e)`, each as a pass over whole rows of the panel. Only call
+    /// when [`Self::any`].
+    ///
+    /// Per element, with the bias read down its query dimension, this took 1.4× (ALiBi) and 1.7×
+    /// (bias) the time of a forward without them (f32, B=1, H=8, N=1024, D=64, 2 threads).
     pub(crate) fn apply(
         &self,
         s: &mut [f32],
@@ -55,19 +61,107 @@ impl<'a> ScoreMods<'a> {
         queries: usize,
         keys: Range<usize>,
     ) {
+        if let Some(cap) = self.softcap {
+            softcap(s, cap, None);
+        }
+        if self.slope != 0.0 {
+            // Query i sits at key i + diag: lane l of row j is |c − l| keys from it, with
+            // c = j − first_query − diag, one more each row.
+            let c = keys.start as i64 - first_query as i64 - self.diag;
+            if c.unsigned_abs() + keys.len() as u64 + LANES as u64 <= EXACT {
+                let mut c = c as f32;
+                for row in s.chunks_exact_mut(LANES) {
+                    for (x, l) in row.iter_mut().zip(IOTA) {
+                        *x -= self.slope * (c - l).abs();
+                    }
+                    c += 1.0;
+                }
+            } else {
+                for (r, row) in s.chunks_exact_mut(LANES).enumerate() {
+                    sub_alibi(row, self.slope, c + r as i64, -1);
+                }
+            }
+        }
+        if let Some((data, row0, layout)) = self.bias {
+            add_bias_transposed(
+                s,
+                (data, row0, layout),
+                first_query..first_query + queries,
+                keys,
+            );
+        }
         let log2e = std::f32::consts::LOG2_E;
+        s.iter_mut().for_each(|x| *x *= log2e);
+    }
+}
+
+/// `0, 1, …, 15` as f32.
+const IOTA: [f32; LANES] = {
+    let mut a = [0f32; LANES];
+    let mut i = 0;
+    while i < LANES {
+        a[i] = i as f32;
+        i += 1;
+    }
+    a
+};
+
+/// Distances up to this are exact f32 integers.
+const EXACT: u64 = 1 << 24;
+
+/// `x[k] −= slope · |c + step·k|` (`step` ±1): ALiBi's distances along a run of scores, in f32
+/// where they are exact integers, in f64 beyond.
+#[inline]
+pub(crate) fn sub_alibi(x: &mut [f32], slope: f32, c: i64, step: i64) {
+    if c.unsigned_abs() + x.len() as u64 <= EXACT {
+        let (mut base, step) = (c as f32, step as f32);
+        for chunk in x.chunks_mut(LANES) {
+            for (v, l) in chunk.iter_mut().zip(IOTA) {
+                *v -= slope * (base + step * l).abs();
+            }
+            base += step * LANES as f32;
+        }
+    } else {
+        for (k, v) in x.iter_mut().enumerate() {
+            *v -= slope * (c as f64 + (step * k as i64) as f64).abs() as f32;
+        }
+    }
+}
+
+/// Adds `bias[i, j]` (element `row0 + i·si + j·sj`) to lane `i − queries.start` of row
+/// `j − keys.start` of a `keys × 16` panel: per row when the bias is the same for every query,
+/// through 16×16 transposes when its key dimension is contiguous, element by element otherwise.
+fn add_bias_transposed(
+    s: &mut [f32],
+    (data, row0, layout): (&[f32], usize, BiasLayout),
+    queries: Range<usize>,
+    keys: Range<usize>,
+) {
+    let [_, _, si, sj] = layout.strides;
+    let nq = queries.len();
+    if si == 0 {
         for (row, j) in s.chunks_exact_mut(LANES).zip(keys) {
-            for (l, x) in row[..queries].iter_mut().enumerate() {
-                let i = first_query + l;
-                let mut v = *x;
-                if let Some(cap) = self.softcap {
-                    v = cap * (v / cap).tanh();
-                }
-                v -= self.slope * (j as i64 - (i as i64 + self.diag)).abs() as f32;
-                if let Some((data, row0, layout)) = self.bias {
-                    v += data[row0 + i * layout.strides[2] + j * layout.strides[3]];
-                }
-                *x = v * log2e;
+            let b = data[row0 + j * sj];
+            row.iter_mut().for_each(|x| *x += b);
+        }
+    } else if sj == 1 {
+        let mut block = [0f32; LANES * LANES];
+        let first = row0 + queries.start * si + keys.start;
+        for k0 in (0..keys.len()).step_by(LANES) {
+            let kn = (keys.len() - k0).min(LANES);
+            transpose(&mut block, LANES, &data[first + k0..], si, nq, kn);
+            let rows = s[k0 * LANES..(k0 + kn) * LANES].chunks_exact_mut(LANES);
+            for (row, b) in rows.zip(block.chunks_exact(LANES)) {
+                row[..nq]
+                    .iter_mut()
+                    .zip(&b[..nq])
+                    .for_each(|(x, b)| *x += b);
+            }
+        }
+    } else {
+        for (row, j) in s.chunks_exact_mut(LANES).zip(keys) {
+            for (x, i) in row.iter_mut().zip(queries.clone()) {
+                *x += data[row0 + i * si + j * sj];
             }
         }
     }
@@ -118,6 +212,28 @@ pub(crate) fn apply_mask(
 mod tests {
     use super::*;
     use crate::mask::Window;
+
+    /// Both of `sub_alibi`'s paths (exact f32 integers, and f64 for distances past 2^24) against
+    /// the distance computed in i64, for runs of any length and both directions.
+    #[test]
+    fn sub_alibi_matches_integer_distances() {
+        for c in [0i64, 5, -37, 1 << 24, -(1 << 30), (1 << 24) - 20] {
+            for step in [1i64, -1] {
+                for n in [1usize, 16, 37] {
+                    let mut x: Vec<f32> = (0..n).map(|k| k as f32 * 0.5).collect();
+                    sub_alibi(&mut x, 0.375, c, step);
+                    for (k, &got) in x.iter().enumerate() {
+                        let dist = (c + step * k as i64).abs() as f32;
+                        assert_eq!(
+                            got,
+                            k as f32 * 0.5 - 0.375 * dist,
+                            "c {c} step {step} k {k}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     /// Against `Mask::visible` element by element, for windows that cut panels in every way.
     #[test]

@@ -25,6 +25,13 @@ fn exp2_ps<const CAP_ABOVE: bool>(x: __m256) -> __m256 {
     _mm256_mul_ps(p, two_n)
 }
 
+/// `2^x` on 8 lanes for any `x`, as [`exp2_ps`] (for callers outside this module).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(in crate::cpu) fn exp2_poly_ps(x: __m256) -> __m256 {
+    exp2_ps::<true>(x)
+}
+
 /// See [`super::exp2_shifted_panel`].
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; LANES] {

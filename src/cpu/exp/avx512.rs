@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{EXP2_MAX, LANES, exp2};
+use super::{EXP2_MAX, EXP2_MIN, EXP2_POLY, LANES, ROUNDER, exp2};
 
 /// `2^(k/32)` for `k = 0..32`, correctly rounded: the table [`exp2_ps`] looks up with one
 /// two-register lane permute.
@@ -81,6 +81,28 @@ pub(in crate::cpu) fn exp2_ps<const CAP_ABOVE: bool>(x: __m512) -> __m512 {
     };
     let y = _mm512_mul_ps(p, _mm512_permutex2var_ps(lo, _mm512_castps_si512(t), hi));
     _mm512_scalef_ps(y, r)
+}
+
+/// `2^x` on 16 lanes by the other levels' degree-6 polynomial (see the module doc of
+/// [`super`]): `x` clamped to `[−127, 127]`, `n = round(x)` from adding [`ROUNDER`], `2^n` from
+/// `n + 127` shifted into the exponent field. Within 1.2e-7 of `2^x`, and 0 below `2^−126`; for
+/// callers that need that accuracy over speed (softcap's `tanh`).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(in crate::cpu) fn exp2_poly_ps(x: __m512) -> __m512 {
+    let x = _mm512_min_ps(
+        _mm512_max_ps(x, _mm512_set1_ps(EXP2_MIN)),
+        _mm512_set1_ps(EXP2_MAX),
+    );
+    let rounder = _mm512_set1_ps(ROUNDER);
+    let t = _mm512_add_ps(x, rounder);
+    let f = _mm512_sub_ps(x, _mm512_sub_ps(t, rounder));
+    let mut p = _mm512_set1_ps(EXP2_POLY[6]);
+    for &c in EXP2_POLY[..6].iter().rev() {
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+    }
+    let two_n = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_castps_si512(t)));
+    _mm512_mul_ps(p, two_n)
 }
 
 /// See [`super::exp2_shifted_panel`].
