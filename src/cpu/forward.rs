@@ -363,8 +363,9 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             let st = &mut st[(w * n + rows.start) * LANES..(w * n + rows.end) * LANES];
             let mut tile_max = Some(maxima[w]);
             if self.mods.any() {
-                self.mods.apply(st, q.start, q.len(), keys.clone());
-                tile_max = None;
+                let max = self.mods.apply(st, q.start, q.len(), keys.clone());
+                // Exact unless the mask hides some of these scores below.
+                tile_max = (full[w] == keys).then_some(max);
             }
             if full[w] != keys {
                 apply_mask(&self.mask, st, q.start, q.len(), keys.clone());

@@ -10,6 +10,8 @@ use crate::mask::Mask;
 use crate::problem::{BiasLayout, Problem};
 
 use super::exp::LANES;
+#[cfg(target_arch = "x86_64")]
+use super::simd::{Simd, cpu_simd};
 use super::softcap::softcap;
 use super::transpose::transpose;
 
@@ -49,49 +51,109 @@ impl<'a> ScoreMods<'a> {
 
     /// Turns the scaled scores `q·k·scale` of a `keys × 16` panel (`Sᵀ`, lane `l` = query
     /// `first_query + l`, only the first `queries` lanes used) into base-2 logits: softcap,
-    /// ALiBi and bias, then `· log2(e)`, each as a pass over whole rows of the panel. Only call
+    /// ALiBi and bias, then `· log2(e)`; returns each lane's maximum of the result. Only call
     /// when [`Self::any`].
     ///
-    /// Per element, with the bias read down its query dimension, this took 1.4× (ALiBi) and 1.7×
-    /// (bias) the time of a forward without them (f32, B=1, H=8, N=1024, D=64, 2 threads).
+    /// Element by element, with the bias read down its query dimension, this took 1.4× (ALiBi)
+    /// and 1.7× (bias) the time of a forward without them (f32, B=1, H=8, N=1024, D=64, 2
+    /// threads); as passes compiled for the baseline SSE2, ALiBi and `log2(e)` were still 12% of
+    /// a one-thread forward.
     pub(crate) fn apply(
         &self,
         s: &mut [f32],
         first_query: usize,
         queries: usize,
         keys: Range<usize>,
-    ) {
+    ) -> [f32; LANES] {
+        #[cfg(target_arch = "x86_64")]
+        match cpu_simd() {
+            // SAFETY: the CPU supports AVX-512F.
+            Simd::Avx512 => return unsafe { self.apply_avx512(s, first_query, queries, keys) },
+            // SAFETY: the CPU supports AVX2 and FMA.
+            Simd::Avx2 => return unsafe { self.apply_avx2(s, first_query, queries, keys) },
+            Simd::Portable => {}
+        }
+        self.apply_rows(s, first_query, queries, keys)
+    }
+
+    /// [`Self::apply`] compiled for AVX-512F, so that its row loop vectorizes 16 wide.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    fn apply_avx512(
+        &self,
+        s: &mut [f32],
+        first_query: usize,
+        queries: usize,
+        keys: Range<usize>,
+    ) -> [f32; LANES] {
+        self.apply_rows(s, first_query, queries, keys)
+    }
+
+    /// [`Self::apply`] compiled for AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn apply_avx2(
+        &self,
+        s: &mut [f32],
+        first_query: usize,
+        queries: usize,
+        keys: Range<usize>,
+    ) -> [f32; LANES] {
+        self.apply_rows(s, first_query, queries, keys)
+    }
+
+    /// The steps after softcap run as one pass over the rows, which also takes each lane's
+    /// maximum (the forward's online softmax needs it, and would read the panel again).
+    #[inline(always)]
+    fn apply_rows(
+        &self,
+        s: &mut [f32],
+        first_query: usize,
+        queries: usize,
+        keys: Range<usize>,
+    ) -> [f32; LANES] {
         if let Some(cap) = self.softcap {
             softcap(s, cap, None);
         }
-        if self.slope != 0.0 {
-            // Query i sits at key i + diag: lane l of row j is |c − l| keys from it, with
-            // c = j − first_query − diag, one more each row.
-            let c = keys.start as i64 - first_query as i64 - self.diag;
-            if c.unsigned_abs() + keys.len() as u64 + LANES as u64 <= EXACT {
-                let mut c = c as f32;
-                for row in s.chunks_exact_mut(LANES) {
-                    for (x, l) in row.iter_mut().zip(IOTA) {
-                        *x -= self.slope * (c - l).abs();
-                    }
-                    c += 1.0;
-                }
-            } else {
-                for (r, row) in s.chunks_exact_mut(LANES).enumerate() {
-                    sub_alibi(row, self.slope, c + r as i64, -1);
+        // Query i sits at key i + diag: lane l of row j is |c − l| keys from it, with
+        // c = j − first_query − diag, one more each row; exact f32 integers below 2^24, the
+        // distances go through f64 (before the pass) beyond.
+        let c0 = keys.start as i64 - first_query as i64 - self.diag;
+        let mut slope = self.slope;
+        if slope != 0.0 && c0.unsigned_abs() + (keys.len() + LANES) as u64 > EXACT {
+            for (r, row) in s.chunks_exact_mut(LANES).enumerate() {
+                sub_alibi(row, slope, c0 + r as i64, -1);
+            }
+            slope = 0.0;
+        }
+        let log2e = std::f32::consts::LOG2_E;
+        let mut max = [f32::NEG_INFINITY; LANES];
+        let mut bias = [0f32; LANES * LANES];
+        for (k0, block) in (0..).step_by(LANES).zip(s.chunks_mut(LANES * LANES)) {
+            let rows = block.len() / LANES;
+            if let Some(b) = self.bias {
+                bias_block(
+                    &mut bias,
+                    b,
+                    first_query..first_query + queries,
+                    keys.start + k0,
+                    rows,
+                );
+            }
+            for (r, (row, b)) in block
+                .chunks_exact_mut(LANES)
+                .zip(bias.chunks_exact(LANES))
+                .enumerate()
+            {
+                let c = (c0 + (k0 + r) as i64) as f32;
+                for l in 0..LANES {
+                    let v = (row[l] - slope * (c - IOTA[l]).abs() + b[l]) * log2e;
+                    row[l] = v;
+                    max[l] = if v > max[l] { v } else { max[l] };
                 }
             }
         }
-        if let Some((data, row0, layout)) = self.bias {
-            add_bias_transposed(
-                s,
-                (data, row0, layout),
-                first_query..first_query + queries,
-                keys,
-            );
-        }
-        let log2e = std::f32::consts::LOG2_E;
-        s.iter_mut().for_each(|x| *x *= log2e);
+        max
     }
 }
 
@@ -111,7 +173,7 @@ const EXACT: u64 = 1 << 24;
 
 /// `x[k] −= slope · |c + step·k|` (`step` ±1): ALiBi's distances along a run of scores, in f32
 /// where they are exact integers, in f64 beyond.
-#[inline]
+#[inline(always)]
 pub(crate) fn sub_alibi(x: &mut [f32], slope: f32, c: i64, step: i64) {
     if c.unsigned_abs() + x.len() as u64 <= EXACT {
         let (mut base, step) = (c as f32, step as f32);
@@ -128,40 +190,31 @@ pub(crate) fn sub_alibi(x: &mut [f32], slope: f32, c: i64, step: i64) {
     }
 }
 
-/// Adds `bias[i, j]` (element `row0 + i·si + j·sj`) to lane `i − queries.start` of row
-/// `j − keys.start` of a `keys × 16` panel: per row when the bias is the same for every query,
-/// through 16×16 transposes when its key dimension is contiguous, element by element otherwise.
-fn add_bias_transposed(
-    s: &mut [f32],
+/// Rows `j0..j0 + rows` of the bias seen from a panel (`bias[i, j]`, element `row0 + i·si + j·sj`,
+/// at lane `i − queries.start` of row `j − j0` of `block`; lanes past the queries read 0): one
+/// value a row when the bias is the same for every query, 16×16 transposes when its key
+/// dimension is contiguous, element by element otherwise.
+#[inline(always)]
+fn bias_block(
+    block: &mut [f32; LANES * LANES],
     (data, row0, layout): (&[f32], usize, BiasLayout),
     queries: Range<usize>,
-    keys: Range<usize>,
+    j0: usize,
+    rows: usize,
 ) {
     let [_, _, si, sj] = layout.strides;
     let nq = queries.len();
     if si == 0 {
-        for (row, j) in s.chunks_exact_mut(LANES).zip(keys) {
-            let b = data[row0 + j * sj];
-            row.iter_mut().for_each(|x| *x += b);
+        for (row, j) in block.chunks_exact_mut(LANES).zip(j0..j0 + rows) {
+            row[..nq].fill(data[row0 + j * sj]);
         }
     } else if sj == 1 {
-        let mut block = [0f32; LANES * LANES];
-        let first = row0 + queries.start * si + keys.start;
-        for k0 in (0..keys.len()).step_by(LANES) {
-            let kn = (keys.len() - k0).min(LANES);
-            transpose(&mut block, LANES, &data[first + k0..], si, nq, kn);
-            let rows = s[k0 * LANES..(k0 + kn) * LANES].chunks_exact_mut(LANES);
-            for (row, b) in rows.zip(block.chunks_exact(LANES)) {
-                row[..nq]
-                    .iter_mut()
-                    .zip(&b[..nq])
-                    .for_each(|(x, b)| *x += b);
-            }
-        }
+        let first = row0 + queries.start * si + j0;
+        transpose(block, LANES, &data[first..], si, nq, rows);
     } else {
-        for (row, j) in s.chunks_exact_mut(LANES).zip(keys) {
+        for (row, j) in block.chunks_exact_mut(LANES).zip(j0..j0 + rows) {
             for (x, i) in row.iter_mut().zip(queries.clone()) {
-                *x += data[row0 + i * si + j * sj];
+                *x = data[row0 + i * si + j * sj];
             }
         }
     }
