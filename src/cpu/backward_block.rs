@@ -36,6 +36,7 @@ use super::exp::exp2_shifted_sum;
 use super::matmul::Write;
 use super::microkernel::{PANEL, PairOffsets, PanelStrides, panels_product};
 use super::score_mods::sub_alibi;
+use super::simd::multiversion;
 use super::softcap::softcap;
 use super::transpose::transpose;
 use crate::mask::Mask;
@@ -468,6 +469,11 @@ impl HeadMods<'_> {
     /// logits (softcap → ALiBi → bias → `· log2e`) and stores the softcap's derivative
     /// `1 − tanh²(s/cap)` in `dcap` (when there is a cap), a pass over each row per step.
     fn apply(&self, s: &mut [f32], dcap: &mut [f32], rows: Range<usize>, keys: Range<usize>) {
+        apply_tile(self, s, dcap, rows, keys);
+    }
+
+    #[inline(always)]
+    fn apply_rows(&self, s: &mut [f32], dcap: &mut [f32], rows: Range<usize>, keys: Range<usize>) {
         let (nc, ld) = (keys.len(), padded(keys.len()));
         let [_, _, si, sj] = self.bias.map_or([0; 4], |(_, _, layout)| layout.strides);
         for (r, i) in rows.enumerate() {
@@ -498,4 +504,15 @@ impl HeadMods<'_> {
             row.iter_mut().for_each(|x| *x *= LOG2_E);
         }
     }
+}
+
+multiversion! {
+    /// [`HeadMods::apply`], its row loops vectorized as wide as the CPU allows.
+    fn apply_tile(
+        mods: &HeadMods<'_>,
+        s: &mut [f32],
+        dcap: &mut [f32],
+        rows: Range<usize>,
+        keys: Range<usize>,
+    ) = HeadMods::apply_rows;
 }

@@ -49,13 +49,28 @@ impl<'a> BiasGrad<'a> {
     ) {
         let [_, _, si, sj] = self.strides;
         let nc = keys.len();
+        let base = b * self.strides[0] + h * self.strides[1];
+        let tile = ds.chunks(ld).take(rows.len()).map(|row| &row[..nc]);
+        if si != 0 && sj != 0 {
+            // Nothing to fold: the tile's rows go straight into the gradient's (contiguous:
+            // `sj` is 1), under the lock. Folded into a buffer first and added element by
+            // element, this was 24% of a one-thread backward with a full bias (N=1024, D=64).
+            let mut data = self.data.lock().unwrap_or_else(|e| e.into_inner());
+            for (i, row) in rows.zip(tile) {
+                let at = base + i * si + keys.start;
+                data[at..at + nc]
+                    .iter_mut()
+                    .zip(row)
+                    .for_each(|(d, x)| *d += x);
+            }
+            return;
+        }
         // The tile folded over the dimensions the bias broadcasts: `fr × fc` sums.
         let fr = if si == 0 { 1 } else { rows.len() };
         let fc = if sj == 0 { 1 } else { nc };
         fold.sums.clear();
         fold.sums.resize(fr * fc, 0.0);
-        for (r, row) in ds.chunks(ld).take(rows.len()).enumerate() {
-            let row = &row[..nc];
+        for (r, row) in tile.enumerate() {
             let out = &mut fold.sums[(r % fr) * fc..][..fc];
             if fc == 1 {
                 out[0] += row.iter().sum::<f32>();
@@ -63,7 +78,6 @@ impl<'a> BiasGrad<'a> {
                 out.iter_mut().zip(row).for_each(|(o, x)| *o += x);
             }
         }
-        let base = b * self.strides[0] + h * self.strides[1];
         let mut data = self.data.lock().unwrap_or_else(|e| e.into_inner());
         for r in 0..fr {
             let at = base + (rows.start + r) * si + keys.start * sj;

@@ -65,3 +65,35 @@ pub fn cpu_simd() -> Simd {
         asked.map_or(cpu, |a| a.min(cpu))
     })
 }
+
+/// Defines `fn $name(args) -> ret` (the return type may be left out) that runs `$body` (a function marked `#[inline(always)]`)
+/// compiled for AVX-512F, for AVX2 with FMA, or for the baseline, by [`cpu_simd`]: plain Rust
+/// loops in `$body` then vectorize as wide as the CPU allows (the crate's baseline is SSE2).
+macro_rules! multiversion {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:path;) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
+                match $crate::cpu::simd::cpu_simd() {
+                    // SAFETY: the CPU supports AVX-512F.
+                    $crate::cpu::simd::Simd::Avx512 => return unsafe { avx512($($arg),*) },
+                    // SAFETY: the CPU supports AVX2 and FMA.
+                    $crate::cpu::simd::Simd::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::cpu::simd::Simd::Portable => {}
+                }
+            }
+            $body($($arg),*)
+        }
+    };
+}
+
+pub(crate) use multiversion;
