@@ -5,7 +5,9 @@
 //! `flashattn::forward` and `flashattn::backward`, and `flashattn::backward_into` writing into
 //! the gradients of an untimed first call, as the sgemm writes into a kept C: the allocating
 //! `backward` also pays for fresh pages whenever the allocator has given its last call's
-//! gradients back to the system (see BENCHMARKS.md, "Backward and fresh pages"). FLOPs by the usual count: `4·B·H·N²·D` for the
+//! gradients back to the system (see BENCHMARKS.md, "Backward and fresh pages"); and the forward
+//! at N=1024 with each score option (softcap 30, ALiBi, a `[1, 1, N, N]` bias), group `options`.
+//! FLOPs by the usual count: `4·B·H·N²·D` for the
 //! forward, halved when causal, ×2.5 for the backward; criterion's "elements" are these FLOPs, so
 //! its `thrpt` reads as FLOP/s. The ceiling is a gemm-crate sgemm of 1024×1024×1024 on all
 //! threads (AVX-512 where the CPU has it: the crate is built with its `x86-v4` feature),
@@ -134,6 +136,23 @@ struct Summary {
     samples: Samples,
 }
 
+/// Times the allocating `forward` on `q, k, v` under `label` in group `g`.
+fn bench_forward(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    label: &str,
+    samples: &Samples,
+    [q, k, v]: [&Tensor; 3],
+    params: &AttentionParams,
+) {
+    g.bench_function(BenchmarkId::from_parameter(label), |bench| {
+        bench.iter_custom(|iters| {
+            timed(samples, iters, || {
+                black_box(forward(q, k, v, params).expect("forward"));
+            })
+        })
+    });
+}
+
 fn main() {
     // No HTML charts: criterion's plotters backend needs system fonts and panics without them,
     // and the figures that matter are the summary lines printed below.
@@ -201,13 +220,7 @@ fn main() {
                 let samples = Samples::default();
                 g.throughput(Throughput::Elements(flops as u64));
                 if pass == "forward" {
-                    g.bench_function(BenchmarkId::from_parameter(&label), |bench| {
-                        bench.iter_custom(|iters| {
-                            timed(&samples, iters, || {
-                                black_box(forward(&q, &k, &v, &params).expect("forward"));
-                            })
-                        })
-                    });
+                    bench_forward(&mut g, &label, &samples, [&q, &k, &v], &params);
                 } else if pass == "backward" {
                     let f = forward(&q, &k, &v, &params).expect("forward");
                     g.bench_function(BenchmarkId::from_parameter(&label), |bench| {
@@ -247,6 +260,39 @@ fn main() {
         }
         g.finish();
     }
+    // The score options on the forward at N=1024, full attention: what each costs beside the
+    // plain row (same FLOP count).
+    let mut g = c.benchmark_group("options");
+    let seq = SEQLENS[0];
+    let shape = [BATCH, seq, HEADS, HEAD_DIM];
+    let (q, k, v) = (
+        random(&mut rng, &shape),
+        random(&mut rng, &shape),
+        random(&mut rng, &shape),
+    );
+    let slopes: Vec<f32> = (0..HEADS).map(|h| 0.5f32.powi(h as i32 + 1)).collect();
+    let slopes = Tensor::from_vec(slopes, &[HEADS]).expect("slopes");
+    let bias = random(&mut rng, &[1, 1, seq, seq]);
+    let flops = 4.0 * (BATCH * HEADS * seq * seq * HEAD_DIM) as f64;
+    for (option, params) in [
+        ("softcap", AttentionParams::default().softcap(30.0)),
+        ("alibi", AttentionParams::default().alibi(slopes)),
+        ("bias", AttentionParams::default().bias(bias)),
+    ] {
+        let samples = Samples::default();
+        g.throughput(Throughput::Elements(flops as u64));
+        let label = format!("{option}/N={seq}");
+        bench_forward(&mut g, &label, &samples, [&q, &k, &v], &params);
+        if !samples.borrow().per_call.is_empty() {
+            results.push(Summary {
+                name: format!("forward+{option} f32 B={BATCH} H={HEADS} D={HEAD_DIM} N={seq}"),
+                flops,
+                samples,
+            });
+        }
+    }
+    g.finish();
+
     measure_gemm(&mut c, 1);
     c.final_summary();
 
