@@ -136,6 +136,19 @@ struct Summary {
     samples: Samples,
 }
 
+impl Summary {
+    /// Adds a summary line for `samples` unless criterion's filter skipped the benchmark.
+    fn keep(results: &mut Vec<Summary>, name: String, flops: f64, samples: Samples) {
+        if !samples.borrow().per_call.is_empty() {
+            results.push(Summary {
+                name,
+                flops,
+                samples,
+            });
+        }
+    }
+}
+
 /// Times the allocating `forward` on `q, k, v` under `label` in group `g`.
 fn bench_forward(
     g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
@@ -249,13 +262,8 @@ fn main() {
                         })
                     });
                 }
-                if !samples.borrow().per_call.is_empty() {
-                    results.push(Summary {
-                        name: format!("{pass} f32 B={BATCH} H={HEADS} D={HEAD_DIM} {label}"),
-                        flops,
-                        samples,
-                    });
-                }
+                let name = format!("{pass} f32 B={BATCH} H={HEADS} D={HEAD_DIM} {label}");
+                Summary::keep(&mut results, name, flops, samples);
             }
         }
         g.finish();
@@ -283,13 +291,8 @@ fn main() {
         g.throughput(Throughput::Elements(flops as u64));
         let label = format!("{option}/N={seq}");
         bench_forward(&mut g, &label, &samples, [&q, &k, &v], &params);
-        if !samples.borrow().per_call.is_empty() {
-            results.push(Summary {
-                name: format!("forward+{option} f32 B={BATCH} H={HEADS} D={HEAD_DIM} N={seq}"),
-                flops,
-                samples,
-            });
-        }
+        let name = format!("forward+{option} f32 B={BATCH} H={HEADS} D={HEAD_DIM} N={seq}");
+        Summary::keep(&mut results, name, flops, samples);
     }
     g.finish();
 

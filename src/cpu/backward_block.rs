@@ -378,7 +378,7 @@ impl<T: CpuElement> BlockCtx<'_, T> {
         product(s_rows, q, kt, (nr, d, nc16), Write::Overwrite);
         if self.score_mods {
             dcap.resize(nr * nc16, 1.0);
-            mods.apply(s, &mut dcap[..nr * nc16], rows.clone(), keys.clone());
+            apply_head_mods(mods, s, &mut dcap[..nr * nc16], rows.clone(), keys.clone());
         }
         for (r, i) in rows.clone().enumerate() {
             let row = &mut s[r * nc16..(r + 1) * nc16];
@@ -465,13 +465,7 @@ impl<T: CpuElement> BlockCtx<'_, T> {
 }
 
 impl HeadMods<'_> {
-    /// Turns `q·k·scale` of the tile (row stride `keys.len()` rounded up to 16) into base-2
-    /// logits (softcap → ALiBi → bias → `· log2e`) and stores the softcap's derivative
-    /// `1 − tanh²(s/cap)` in `dcap` (when there is a cap), a pass over each row per step.
-    fn apply(&self, s: &mut [f32], dcap: &mut [f32], rows: Range<usize>, keys: Range<usize>) {
-        apply_tile(self, s, dcap, rows, keys);
-    }
-
+    /// The body of [`apply_head_mods`].
     #[inline(always)]
     fn apply_rows(&self, s: &mut [f32], dcap: &mut [f32], rows: Range<usize>, keys: Range<usize>) {
         let (nc, ld) = (keys.len(), padded(keys.len()));
@@ -507,8 +501,11 @@ impl HeadMods<'_> {
 }
 
 multiversion! {
-    /// [`HeadMods::apply`], its row loops vectorized as wide as the CPU allows.
-    fn apply_tile(
+    /// Turns `q·k·scale` of a tile (row stride `keys.len()` rounded up to 16) into base-2
+    /// logits by the options of `mods` (softcap → ALiBi → bias → `· log2e`) and stores the
+    /// softcap's derivative `1 − tanh²(s/cap)` in `dcap` (when there is a cap), a pass over each
+    /// row per step, compiled for the widest SIMD level the CPU has.
+    fn apply_head_mods(
         mods: &HeadMods<'_>,
         s: &mut [f32],
         dcap: &mut [f32],

@@ -43,7 +43,7 @@ use super::microkernel::{PairOffsets, PanelStrides, panels_product, softmax_prod
 use super::online_softmax::PanelSoftmax;
 use super::pieces::{contains, merged, pieces};
 use super::prefetch::prefetch_rows;
-use super::score_mods::{ScoreMods, apply_mask};
+use super::score_mods::{ScoreMods, apply_mask, apply_score_mods};
 use super::tile_config::{ForwardTiles, forward_tiles};
 use super::transpose::transpose_scaled;
 use crate::mask::Mask;
@@ -363,7 +363,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             let st = &mut st[(w * n + rows.start) * LANES..(w * n + rows.end) * LANES];
             let mut tile_max = Some(maxima[w]);
             if self.mods.any() {
-                let max = self.mods.apply(st, q.start, q.len(), keys.clone());
+                let max = apply_score_mods(&self.mods, st, q.start, q.len(), keys.clone());
                 // Exact unless the mask hides some of these scores below.
                 tile_max = (full[w] == keys).then_some(max);
             }

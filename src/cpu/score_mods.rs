@@ -47,30 +47,21 @@ impl<'a> ScoreMods<'a> {
     pub(crate) fn any(&self) -> bool {
         self.softcap.is_some() || self.slope != 0.0 || self.bias.is_some()
     }
+}
 
+multiversion! {
     /// Turns the scaled scores `q·k·scale` of a `keys × 16` panel (`Sᵀ`, lane `l` = query
-    /// `first_query + l`, only the first `queries` lanes used) into base-2 logits: softcap,
-    /// ALiBi and bias, then `· log2(e)`; returns each lane's maximum of the result. Only call
-    /// when [`Self::any`].
+    /// `first_query + l`, only the first `queries` lanes used) into base-2 logits by the options
+    /// of `mods`: softcap, ALiBi and bias, then `· log2(e)`; returns each lane's maximum of the
+    /// result. Only call when [`ScoreMods::any`].
     ///
     /// Element by element, with the bias read down its query dimension, this took 1.4× (ALiBi)
     /// and 1.7× (bias) the time of a forward without them (f32, B=1, H=8, N=1024, D=64, 2
     /// threads); as passes compiled for the baseline SSE2, ALiBi and `log2(e)` were still 12% of
     /// a one-thread forward.
-    pub(crate) fn apply(
-        &self,
-        s: &mut [f32],
-        first_query: usize,
-        queries: usize,
-        keys: Range<usize>,
-    ) -> [f32; LANES] {
-        apply_panel(self, s, first_query, queries, keys)
-    }
-}
-
-multiversion! {
-    /// [`ScoreMods::apply`], its row loop vectorized as wide as the CPU allows.
-    fn apply_panel(
+    ///
+    /// The pass is compiled for the widest SIMD level the CPU has.
+    pub(crate) fn apply_score_mods(
         mods: &ScoreMods<'_>,
         s: &mut [f32],
         first_query: usize,
