@@ -58,6 +58,43 @@ fn varlen() {
     check_forward_cases("varlen", 80_000, &grid::varlen());
 }
 
+/// Decoding steps (one query) with the query heads of a key/value head as a panel's lanes:
+/// GQA groups below, at and beyond one panel (2, 4, 16, 32 heads), key counts over several key
+/// blocks, masks that cut the keys from the left, softcap, every dtype, both layouts and a
+/// packed batch with sequences of 0 and 1 query. ALiBi and a bias keep lanes of queries; one
+/// case of each checks that they still decode right.
+#[test]
+fn decode_heads_as_lanes() {
+    let cases = [
+        Case::new(1, 700, 64).heads(8, 4),
+        Case::new(1, 700, 64).heads(8, 2).causal(),
+        Case::new(1, 1000, 128).heads(32, 8).dtype(DType::BF16),
+        Case::new(1, 513, 64)
+            .heads(32, 1)
+            .dtype(DType::F16)
+            .layout(Layout::Bhnd),
+        Case::new(1, 300, 80)
+            .heads(16, 1)
+            .window(Some(100), Some(0))
+            .softcap(20.0),
+        Case::new(1, 257, 32)
+            .batch(3)
+            .heads(6, 2)
+            .window(Some(7), None),
+        Case::new(1, 64, 512).heads(4, 2).dv(16),
+        Case::new(1, 400, 64)
+            .heads(8, 2)
+            .alibi(common::Alibi::PerHead),
+        Case::new(1, 400, 64)
+            .heads(4, 1)
+            .bias([false, true, true, true]),
+        Case::new(1, 1, 64)
+            .heads(6, 3)
+            .varlen(&[(1, 300), (0, 17), (1, 1), (1, 0)]),
+    ];
+    check_forward_cases("decode_heads_as_lanes", 95_000, &cases);
+}
+
 /// A `shape` view with `strides` and `offset` of `data` converted to `dtype`.
 fn strided(
     data: &[f32],

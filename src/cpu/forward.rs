@@ -1,7 +1,9 @@
 //! CPU forward: FlashAttention over Br×Bc tiles, kept transposed in panels of 16 queries.
 //!
 //! One rayon task per (sequence, query head, block of `block_q` queries) owns those rows of the
-//! output. It packs its queries once as `Qᵀ` panels (`d × 16`, f32, times `scale · log2(e)` so
+//! output; in a decoding step (one query a sequence) one task per (sequence, key/value head)
+//! takes the query of each head of its group instead, a head a lane, and reads the group's K
+//! and V once (see `heads_per_task`). A task packs its queries once as `Qᵀ` panels (`d × 16`, f32, times `scale · log2(e)` so
 //! the softmax runs in base 2), then walks only the key blocks its rows can see
 //! (`Mask::key_range_for_rows`). Per key block and pair of panels:
 //!
@@ -20,7 +22,7 @@
 //! f32 K/V rows are read in place unless the tiles pack them (`tile_config`: long heads, or rows
 //! that alias in L1); packed or converted (f16/bf16) rows are kept by the thread for its next
 //! task on the same head when the head's K and V take at most 2 MiB as f32, else packed per key
-//! block.
+//! block (`key_rows`).
 //!
 //! Query rows are prefetched two panels ahead of their packing and output rows two panels ahead
 //! of their writing (`prefetch`).
@@ -37,6 +39,7 @@ use rayon::prelude::*;
 
 use super::SharedOut;
 use super::exp::LANES;
+use super::key_rows::{KeyRows, KeySource, PackedKeys};
 use super::lanes::lane_max;
 use super::matmul::Write;
 use super::microkernel::{PairOffsets, PanelStrides, panels_product, softmax_product};
@@ -47,7 +50,7 @@ use super::score_mods::{ScoreMods, apply_mask, apply_score_mods};
 use super::tile_config::{ForwardTiles, forward_tiles};
 use super::transpose::transpose_scaled;
 use crate::mask::Mask;
-use crate::problem::Problem;
+use crate::problem::{Problem, RowLayout};
 use crate::tensor::CpuElement;
 
 pub(crate) struct Inputs<'a, T> {
@@ -78,40 +81,38 @@ struct Panels {
     softmax: Vec<PanelSoftmax>,
 }
 
-/// K and V rows as f32 when not read in place: rows `packed` of one (call, sequence, kv head),
-/// row `j` at `(j − packed.start)·width`, kept from task to task while the thread stays on that
-/// head; or, for heads too long to keep, the current key block alone.
-#[derive(Default)]
-struct PackedKeys {
-    k: Vec<f32>,
-    v: Vec<f32>,
-    /// (call, sequence, kv head) whose rows `k` and `v` hold.
-    owner: Option<(u64, usize, usize)>,
-    packed: Range<usize>,
-}
-
-/// Rows `j0..` of K or V as f32: row `j0 + r` at `data[at + r·stride..]`.
-#[derive(Clone, Copy)]
-struct KeyRows<'a> {
-    data: &'a [f32],
+/// The rows of one panel's lanes in a query-shaped operand: lane `l` at `at + l·stride`.
+struct LaneRows {
     at: usize,
     stride: usize,
+    /// The lanes (task-wide numbers).
+    lanes: Range<usize>,
 }
 
-impl<'a> KeyRows<'a> {
-    /// The rows from `r` on.
-    fn skip(self, r: usize) -> &'a [f32] {
-        &self.data[self.at + r * self.stride..]
-    }
-}
-
-/// What one task works on: a block of queries of one (sequence, query head).
+/// What one task works on: a block of queries of one (sequence, query head), or the one query
+/// of `heads` query heads that share a key/value head (see [`heads_per_task`]).
 #[derive(Clone, Copy, Debug)]
 struct Task {
     b: usize,
+    /// The (first) query head.
     h: usize,
     /// First query row (within the sequence).
     q0: usize,
+    heads: usize,
+}
+
+/// How many query heads one task takes, as the lanes of its panels: the whole group of a
+/// key/value head when every sequence has at most one query (a decoding step) and no option
+/// differs between heads (ALiBi's slopes, a bias); otherwise 1, and the lanes are queries.
+/// With lanes as queries a single query leaves 15 of a panel's 16 lanes empty, and every query
+/// head of a group reads the group's K and V again: f32, B=1, H=32, 8 key/value heads, D=128,
+/// one query, 4096 keys, 2 threads, 6.6 ms a call (5 GB/s of K and V).
+fn heads_per_task(p: &Problem) -> usize {
+    if p.max_nq <= 1 && p.alibi.is_none() && p.bias.is_none() {
+        p.group()
+    } else {
+        1
+    }
 }
 
 pub(crate) fn run<T: CpuElement>(
@@ -128,14 +129,16 @@ pub(crate) fn run<T: CpuElement>(
         ([p.k.row, p.v.row], T::as_f32_slice(x.k).is_some()),
         rows / rayon::current_num_threads(),
     );
+    let heads = heads_per_task(p);
     let mut tasks: Vec<Task> = (0..p.batch)
         .flat_map(|b| {
             let blocks = p.seqs[b].nq.div_ceil(tiles.block_q);
-            (0..p.heads_q).flat_map(move |h| {
+            (0..p.heads_q).step_by(heads).flat_map(move |h| {
                 (0..blocks).map(move |t| Task {
                     b,
                     h,
                     q0: t * tiles.block_q,
+                    heads,
                 })
             })
         })
@@ -164,6 +167,7 @@ pub(crate) fn run<T: CpuElement>(
             h: task.h,
             hk: p.kv_head(task.h),
             rows: task.q0..(task.q0 + tiles.block_q).min(p.seqs[task.b].nq),
+            heads: task.heads,
             mask: p.mask(task.b),
             mods: ScoreMods::new(p, x.bias, task.b, task.h),
             call,
@@ -197,6 +201,8 @@ struct TaskCtx<'a, T> {
     hk: usize,
     /// The task's queries (sequence positions).
     rows: Range<usize>,
+    /// Query heads `h..h + heads` (more than 1: the lanes are heads, `rows` one query).
+    heads: usize,
     mask: Mask,
     mods: ScoreMods<'a>,
     /// This call's number, telling its kept key rows from another call's.
@@ -205,9 +211,9 @@ struct TaskCtx<'a, T> {
 
 impl<T: CpuElement> TaskCtx<'_, T> {
     fn run(&self, sc: &mut Scratch, out: &SharedOut<'_, T>, lse: &SharedOut<'_, f32>) {
-        let (p, b, h) = (self.p, self.b, self.h);
+        let (p, b) = (self.p, self.b);
         let (d, dv) = (p.head_dim, p.head_dim_v);
-        let panels = self.rows.len().div_ceil(LANES);
+        let panels = self.lanes().div_ceil(LANES);
         self.pack_queries(sc, panels);
         sc.panels.ot.clear();
         sc.panels.ot.resize(panels * dv * LANES, 0.0);
@@ -216,6 +222,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         sc.panels.st.resize(2 * self.tiles.block_k * LANES, 0.0);
 
         let keys = self.mask.key_range_for_rows(self.rows.clone());
+        let source = self.keys();
         let mut k0 = keys.start;
         while k0 < keys.end {
             let block = k0..(k0 + self.tiles.block_k).min(keys.end);
@@ -223,7 +230,10 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             if self.mask.tile_is_empty(self.rows.clone(), block.clone()) {
                 continue;
             }
-            let (k_rows, v_rows) = self.key_block(&mut sc.kv, block.clone());
+            if self.heads > 1 {
+                source.prefetch(k0..(k0 + self.tiles.block_k).min(keys.end));
+            }
+            let (k_rows, v_rows) = source.block(&mut sc.kv, block.clone());
             for first in (0..panels).step_by(2) {
                 let pair = first..(first + 2).min(panels);
                 self.panel_pair(&mut sc.panels, pair, block.clone(), k_rows, v_rows);
@@ -234,9 +244,8 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         // The output rows of the panel after next are fetched while this panel is written.
         let prefetch = |panel: usize| {
             if panel < panels {
-                let queries = self.panel_queries(panel);
-                let at = p.query_at(&out.layout, b, queries.start, h);
-                out.prefetch_rows((at, out.layout.row), queries.len(), dv);
+                let rows = self.lane_rows(&out.layout, panel);
+                out.prefetch_rows((rows.at, rows.stride), rows.lanes.len(), dv);
             }
         };
         prefetch(0);
@@ -245,35 +254,75 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             prefetch(panel + 2);
             let ot = &mut sc.panels.ot[panel * dv * LANES..(panel + 1) * dv * LANES];
             let (inv, lse_panel) = sc.panels.softmax[panel].finish();
-            let queries = self.panel_queries(panel);
-            let at = p.query_at(&out.layout, b, queries.start, h);
-            let size = (dv, queries.len());
-            // f32 rows straight from the panel; other dtypes through a row buffer. Each query's
+            let rows = self.lane_rows(&out.layout, panel);
+            let size = (dv, rows.lanes.len());
+            // f32 rows straight from the panel; other dtypes through a row buffer. Each lane's
             // column is divided by its sum on the way.
-            // SAFETY: out[b, i, h, ..] for the panel's queries belong to this task alone.
+            // SAFETY: the output rows of the panel's lanes belong to this task alone.
             let written =
-                unsafe { out.write_transposed_f32(at, out.layout.row, ot, LANES, size, &inv) };
+                unsafe { out.write_transposed_f32(rows.at, rows.stride, ot, LANES, size, &inv) };
             if !written {
                 transpose_scaled(&mut sc.rows, dv, ot, LANES, size, &inv);
             }
-            for (l, i) in queries.enumerate() {
+            for (l, &lane_lse) in lse_panel[..rows.lanes.len()].iter().enumerate() {
+                let (i, h) = self.lane(panel, l);
                 // SAFETY: out[b, i, h, ..] and lse[b, h, i] belong to this task alone.
                 unsafe {
                     if !written {
                         out.write_f32_row(
-                            p.query_at(&out.layout, b, i, h),
+                            rows.at + l * rows.stride,
                             &sc.rows[l * dv..(l + 1) * dv],
                             1.0,
                         );
                     }
-                    lse.write_row(p.lse_at(b, h, i), std::iter::once(lse_panel[l]));
+                    lse.write_row(p.lse_at(b, h, i), std::iter::once(lane_lse));
                 }
             }
         }
     }
 
-    /// Queries (sequence positions) of panel `panel`.
+    /// How many lanes the task's panels fill: its queries, or its heads.
+    fn lanes(&self) -> usize {
+        if self.heads > 1 {
+            self.heads
+        } else {
+            self.rows.len()
+        }
+    }
+
+    /// The query (sequence position) and query head of lane `l` of panel `panel`.
+    fn lane(&self, panel: usize, l: usize) -> (usize, usize) {
+        if self.heads > 1 {
+            (self.rows.start, self.h + panel * LANES + l)
+        } else {
+            (self.rows.start + panel * LANES + l, self.h)
+        }
+    }
+
+    /// Where the rows of panel `panel`'s lanes lie in a query-shaped operand of layout `layout`
+    /// (q, out): the first row's element index and the stride from lane to lane (the row stride
+    /// for lanes of queries, the head stride for lanes of heads).
+    fn lane_rows(&self, layout: &RowLayout, panel: usize) -> LaneRows {
+        let lanes = panel * LANES..((panel + 1) * LANES).min(self.lanes());
+        let (i, h) = self.lane(panel, 0);
+        let stride = if self.heads > 1 {
+            layout.head
+        } else {
+            layout.row
+        };
+        LaneRows {
+            at: self.p.query_at(layout, self.b, i, h),
+            stride,
+            lanes,
+        }
+    }
+
+    /// Queries (sequence positions) of panel `panel`, for its mask and score options: with
+    /// lanes of heads, every lane has the task's one query.
     fn panel_queries(&self, panel: usize) -> Range<usize> {
+        if self.heads > 1 {
+            return self.rows.clone();
+        }
         let q0 = self.rows.start + panel * LANES;
         q0..(q0 + LANES).min(self.rows.end)
     }
@@ -334,7 +383,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                 keys.len(),
                 d,
                 PanelStrides {
-                    a_rs: k_rows.stride,
+                    a_rs: k_rows.stride(),
                     a_cs: 1,
                     b_rs: LANES,
                     c_rs: LANES,
@@ -398,7 +447,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                 keys.len(),
                 PanelStrides {
                     a_rs: 1,
-                    a_cs: v_rows.stride,
+                    a_cs: v_rows.stride(),
                     b_rs: LANES,
                     c_rs: LANES,
                 },
@@ -437,90 +486,56 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         // The query rows of the panel after next are fetched while this panel is packed.
         let prefetch = |panel: usize| {
             if panel < panels {
-                let queries = self.panel_queries(panel);
-                let at = p.q_at(self.b, queries.start, self.h);
+                let rows = self.lane_rows(&p.q, panel);
                 let q = self.x.q;
-                prefetch_rows(q.as_ptr(), q.len(), (at, p.q.row), queries.len(), d);
+                prefetch_rows(
+                    q.as_ptr(),
+                    q.len(),
+                    (rows.at, rows.stride),
+                    rows.lanes.len(),
+                    d,
+                );
             }
         };
         prefetch(0);
         prefetch(1);
         for panel in 0..panels {
             prefetch(panel + 2);
-            let queries = self.panel_queries(panel);
-            let at = p.q_at(self.b, queries.start, self.h);
+            let rows = self.lane_rows(&p.q, panel);
+            let n = rows.lanes.len();
             let qt = &mut sc.panels.qt[panel * d * LANES..(panel + 1) * d * LANES];
-            if queries.len() < LANES {
+            if n < LANES {
                 qt.fill(0.0);
             }
-            let size = (queries.len(), d);
+            let (size, scale) = ((n, d), &[scale; LANES]);
             match T::as_f32_slice(self.x.q) {
-                Some(q) => transpose_scaled(qt, LANES, &q[at..], p.q.row, size, &[scale; LANES]),
+                Some(q) => transpose_scaled(qt, LANES, &q[rows.at..], rows.stride, size, scale),
                 None => {
-                    for (l, i) in queries.clone().enumerate() {
-                        let at = p.q_at(self.b, i, self.h);
+                    for l in 0..n {
+                        let at = rows.at + l * rows.stride;
                         T::widen_into(&self.x.q[at..at + d], &mut sc.rows[l * d..(l + 1) * d]);
                     }
-                    transpose_scaled(qt, LANES, &sc.rows, d, size, &[scale; LANES]);
+                    transpose_scaled(qt, LANES, &sc.rows, d, size, scale);
                 }
             }
         }
     }
 
-    /// K and V rows of the key block `keys` as f32: in place for f32 unless the tiles pack them
-    /// (see [`forward_tiles`]), converted or copied into `kv` otherwise, where they stay for the
-    /// thread's next task on the same head when the tiles keep them.
-    fn key_block<'s>(
-        &'s self,
-        kv: &'s mut PackedKeys,
-        keys: Range<usize>,
-    ) -> (KeyRows<'s>, KeyRows<'s>) {
-        let (p, b, hk) = (self.p, self.b, self.hk);
-        let (d, dv) = (p.head_dim, p.head_dim_v);
-        let in_place = |x: &'s [T], stride, at: usize| {
-            T::as_f32_slice(x)
-                .filter(|_| !self.tiles.pack_kv)
-                .map(|data| KeyRows { data, at, stride })
-        };
-        if let (Some(k), Some(v)) = (
-            in_place(self.x.k, p.k.row, p.k_at(b, keys.start, hk)),
-            in_place(self.x.v, p.v.row, p.v_at(b, keys.start, hk)),
-        ) {
-            return (k, v);
+    /// Where this task reads its K and V rows (see [`KeySource`]).
+    fn keys(&self) -> KeySource<'_, T> {
+        let p = self.p;
+        KeySource {
+            p,
+            k: self.x.k,
+            v: self.x.v,
+            b: self.b,
+            hk: self.hk,
+            // A task whose lanes are heads makes one pass over each key block: reading in place
+            // beats packing rows for it (f32, H=32, 8 key/value heads, D=128, one query, 4096
+            // keys, 2 threads: 2960 → 2049 µs).
+            in_place: !self.tiles.pack_kv || self.heads > 1,
+            keep: self.tiles.keep_kv,
+            call: self.call,
         }
-        let (nk, keep) = (p.seqs[b].nk, self.tiles.keep_kv);
-        let owner = (self.call, b, hk);
-        let fits = keep
-            && kv.owner == Some(owner)
-            && kv.packed.start <= keys.start
-            && keys.start <= kv.packed.end;
-        if !fits {
-            kv.owner = keep.then_some(owner);
-            kv.packed = keys.start..keys.start;
-            let rows = if keep { nk - keys.start } else { keys.len() };
-            kv.k.resize(rows * d, 0.0);
-            kv.v.resize(rows * dv, 0.0);
-        }
-        let base = kv.packed.start;
-        for j in kv.packed.end.max(keys.start)..keys.end {
-            let (ka, va) = (p.k_at(b, j, hk), p.v_at(b, j, hk));
-            let r = j - base;
-            T::widen_into(&self.x.k[ka..ka + d], &mut kv.k[r * d..(r + 1) * d]);
-            T::widen_into(&self.x.v[va..va + dv], &mut kv.v[r * dv..(r + 1) * dv]);
-        }
-        kv.packed.end = kv.packed.end.max(keys.end);
-        let at = keys.start - base;
-        (
-            KeyRows {
-                data: &kv.k,
-                at: at * d,
-                stride: d,
-            },
-            KeyRows {
-                data: &kv.v,
-                at: at * dv,
-                stride: dv,
-            },
-        )
     }
 }

@@ -9,6 +9,7 @@ mod elementwise;
 #[allow(dead_code)]
 mod exp;
 mod forward;
+mod key_rows;
 mod lanes;
 #[allow(dead_code)]
 mod matmul;

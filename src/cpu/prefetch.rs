@@ -1,7 +1,8 @@
 //! Software prefetch of strided rows, for the forward's query rows before it packs them and its
 //! output rows before it writes them: rows a head apart (`[B, N, H, D]`: 2 KiB at H=8, D=64)
 //! are sixteen short streams a panel, which the hardware prefetchers do not follow, so without
-//! a hint each 16×16 transpose waits on its rows coming from L3 or memory.
+//! a hint each 16×16 transpose waits on its rows coming from L3 or memory. Decoding tasks also
+//! fetch their next key block's K and V rows into L2 (`key_rows`).
 
 /// Asks for the cache lines of `rows` rows of `len` elements of the buffer of `buf_len`
 /// elements at `buf`, the first row at element `start` and each `stride` after the last, to be
@@ -10,13 +11,34 @@
 pub(crate) fn prefetch_rows<T>(
     buf: *const T,
     buf_len: usize,
+    at: (usize, usize),
+    rows: usize,
+    len: usize,
+) {
+    prefetch_rows_into::<T, true>(buf, buf_len, at, rows, len);
+}
+
+/// [`prefetch_rows`] into L2 rather than L1 (for what is used after the work at hand).
+pub(crate) fn prefetch_rows_l2<T>(
+    buf: *const T,
+    buf_len: usize,
+    at: (usize, usize),
+    rows: usize,
+    len: usize,
+) {
+    prefetch_rows_into::<T, false>(buf, buf_len, at, rows, len);
+}
+
+fn prefetch_rows_into<T, const L1: bool>(
+    buf: *const T,
+    buf_len: usize,
     (start, stride): (usize, usize),
     rows: usize,
     len: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1, _mm_prefetch};
         /// Bytes one prefetch brings in (a cache line).
         const LINE: usize = 64;
         for r in 0..rows {
@@ -29,7 +51,13 @@ pub(crate) fn prefetch_rows<T>(
             for at in (0..(end - first) * size_of::<T>()).step_by(LINE) {
                 // SAFETY: `at` bytes into row `r`, inside the buffer; a prefetch neither reads
                 // nor writes memory as far as the program can observe.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(bytes.wrapping_add(at)) };
+                unsafe {
+                    if L1 {
+                        _mm_prefetch::<_MM_HINT_T0>(bytes.wrapping_add(at));
+                    } else {
+                        _mm_prefetch::<_MM_HINT_T1>(bytes.wrapping_add(at));
+                    }
+                }
             }
         }
     }
