@@ -45,7 +45,7 @@ use super::matmul::Write;
 use super::microkernel::{PairOffsets, PanelStrides, panels_product, softmax_product};
 use super::online_softmax::PanelSoftmax;
 use super::pieces::{contains, merged, pieces};
-use super::prefetch::prefetch_rows;
+use super::prefetch::{Cache, prefetch_rows};
 use super::score_mods::{ScoreMods, apply_mask, apply_score_mods};
 use super::tile_config::{ForwardTiles, forward_tiles};
 use super::transpose::transpose_scaled;
@@ -488,13 +488,8 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             if panel < panels {
                 let rows = self.lane_rows(&p.q, panel);
                 let q = self.x.q;
-                prefetch_rows(
-                    q.as_ptr(),
-                    q.len(),
-                    (rows.at, rows.stride),
-                    rows.lanes.len(),
-                    d,
-                );
+                let at = (rows.at, rows.stride);
+                prefetch_rows(q.as_ptr(), q.len(), at, (rows.lanes.len(), d), Cache::L1);
             }
         };
         prefetch(0);

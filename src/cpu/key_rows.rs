@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use super::prefetch::prefetch_rows_l2;
+use super::prefetch::{Cache, prefetch_rows};
 use crate::problem::Problem;
 use crate::tensor::CpuElement;
 
@@ -123,7 +123,8 @@ impl<T: CpuElement> KeySource<'_, T> {
             (self.k, p.k_at(b, keys.start, hk), p.k.row, p.head_dim),
             (self.v, p.v_at(b, keys.start, hk), p.v.row, p.head_dim_v),
         ] {
-            prefetch_rows_l2(buf.as_ptr(), buf.len(), (at, stride), keys.len(), width);
+            let rows = (keys.len(), width);
+            prefetch_rows(buf.as_ptr(), buf.len(), (at, stride), rows, Cache::L2);
         }
     }
 }

@@ -4,37 +4,25 @@
 //! a hint each 16×16 transpose waits on its rows coming from L3 or memory. Decoding tasks also
 //! fetch their next key block's K and V rows into L2 (`key_rows`).
 
+/// The cache level a prefetch fills.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Cache {
+    /// For what the next few hundred cycles use.
+    L1,
+    /// For what is used after the work at hand.
+    L2,
+}
+
 /// Asks for the cache lines of `rows` rows of `len` elements of the buffer of `buf_len`
 /// elements at `buf`, the first row at element `start` and each `stride` after the last, to be
-/// brought into L1; what lies outside the buffer is skipped. A hint only: no result depends on
-/// it, and it does nothing on CPUs other than x86-64.
+/// brought into `cache`; what lies outside the buffer is skipped. A hint only: no result
+/// depends on it, and it does nothing on CPUs other than x86-64.
 pub(crate) fn prefetch_rows<T>(
     buf: *const T,
     buf_len: usize,
-    at: (usize, usize),
-    rows: usize,
-    len: usize,
-) {
-    prefetch_rows_into::<T, true>(buf, buf_len, at, rows, len);
-}
-
-/// [`prefetch_rows`] into L2 rather than L1 (for what is used after the work at hand).
-pub(crate) fn prefetch_rows_l2<T>(
-    buf: *const T,
-    buf_len: usize,
-    at: (usize, usize),
-    rows: usize,
-    len: usize,
-) {
-    prefetch_rows_into::<T, false>(buf, buf_len, at, rows, len);
-}
-
-fn prefetch_rows_into<T, const L1: bool>(
-    buf: *const T,
-    buf_len: usize,
     (start, stride): (usize, usize),
-    rows: usize,
-    len: usize,
+    (rows, len): (usize, usize),
+    cache: Cache,
 ) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -52,15 +40,14 @@ fn prefetch_rows_into<T, const L1: bool>(
                 // SAFETY: `at` bytes into row `r`, inside the buffer; a prefetch neither reads
                 // nor writes memory as far as the program can observe.
                 unsafe {
-                    if L1 {
-                        _mm_prefetch::<_MM_HINT_T0>(bytes.wrapping_add(at));
-                    } else {
-                        _mm_prefetch::<_MM_HINT_T1>(bytes.wrapping_add(at));
+                    match cache {
+                        Cache::L1 => _mm_prefetch::<_MM_HINT_T0>(bytes.wrapping_add(at)),
+                        Cache::L2 => _mm_prefetch::<_MM_HINT_T1>(bytes.wrapping_add(at)),
                     }
                 }
             }
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (buf, buf_len, start, stride, rows, len);
+    let _ = (buf, buf_len, start, stride, rows, len, cache);
 }

@@ -3,7 +3,7 @@
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 
-use super::prefetch::prefetch_rows;
+use super::prefetch::{Cache, prefetch_rows};
 use super::simd::cpu_simd;
 use super::transpose::{ColScale, transpose_to};
 use crate::dtype::{DType, Element};
@@ -50,7 +50,8 @@ impl<'a, T: Copy> SharedOut<'a, T> {
     /// Prefetches `rows` rows of `len` elements, the first at `start` and each `stride` after
     /// the last, before a task writes them (see [`prefetch_rows`]).
     pub(crate) fn prefetch_rows(&self, (start, stride): (usize, usize), rows: usize, len: usize) {
-        prefetch_rows(self.ptr.cast_const(), self.len, (start, stride), rows, len);
+        let at = (start, stride);
+        prefetch_rows(self.ptr.cast_const(), self.len, at, (rows, len), Cache::L1);
     }
 
     /// Writes `values` at `start..start + values.len()`.
