@@ -85,8 +85,8 @@ struct Panels {
 struct LaneRows {
     at: usize,
     stride: usize,
-    /// The lanes (task-wide numbers).
-    lanes: Range<usize>,
+    /// How many lanes the panel fills.
+    count: usize,
 }
 
 /// What one task works on: a block of queries of one (sequence, query head), or the one query
@@ -245,7 +245,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         let prefetch = |panel: usize| {
             if panel < panels {
                 let rows = self.lane_rows(&out.layout, panel);
-                out.prefetch_rows((rows.at, rows.stride), rows.lanes.len(), dv);
+                out.prefetch_rows((rows.at, rows.stride), rows.count, dv);
             }
         };
         prefetch(0);
@@ -255,7 +255,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             let ot = &mut sc.panels.ot[panel * dv * LANES..(panel + 1) * dv * LANES];
             let (inv, lse_panel) = sc.panels.softmax[panel].finish();
             let rows = self.lane_rows(&out.layout, panel);
-            let size = (dv, rows.lanes.len());
+            let size = (dv, rows.count);
             // f32 rows straight from the panel; other dtypes through a row buffer. Each lane's
             // column is divided by its sum on the way.
             // SAFETY: the output rows of the panel's lanes belong to this task alone.
@@ -264,7 +264,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             if !written {
                 transpose_scaled(&mut sc.rows, dv, ot, LANES, size, &inv);
             }
-            for (l, &lane_lse) in lse_panel[..rows.lanes.len()].iter().enumerate() {
+            for (l, &lane_lse) in lse_panel[..rows.count].iter().enumerate() {
                 let (i, h) = self.lane(panel, l);
                 // SAFETY: out[b, i, h, ..] and lse[b, h, i] belong to this task alone.
                 unsafe {
@@ -303,7 +303,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
     /// (q, out): the first row's element index and the stride from lane to lane (the row stride
     /// for lanes of queries, the head stride for lanes of heads).
     fn lane_rows(&self, layout: &RowLayout, panel: usize) -> LaneRows {
-        let lanes = panel * LANES..((panel + 1) * LANES).min(self.lanes());
+        let count = self.lanes().min((panel + 1) * LANES) - panel * LANES;
         let (i, h) = self.lane(panel, 0);
         let stride = if self.heads > 1 {
             layout.head
@@ -313,7 +313,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         LaneRows {
             at: self.p.query_at(layout, self.b, i, h),
             stride,
-            lanes,
+            count,
         }
     }
 
@@ -489,7 +489,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                 let rows = self.lane_rows(&p.q, panel);
                 let q = self.x.q;
                 let at = (rows.at, rows.stride);
-                prefetch_rows(q.as_ptr(), q.len(), at, (rows.lanes.len(), d), Cache::L1);
+                prefetch_rows(q.as_ptr(), q.len(), at, (rows.count, d), Cache::L1);
             }
         };
         prefetch(0);
@@ -497,7 +497,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         for panel in 0..panels {
             prefetch(panel + 2);
             let rows = self.lane_rows(&p.q, panel);
-            let n = rows.lanes.len();
+            let n = rows.count;
             let qt = &mut sc.panels.qt[panel * d * LANES..(panel + 1) * d * LANES];
             if n < LANES {
                 qt.fill(0.0);
