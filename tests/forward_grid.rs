@@ -95,6 +95,55 @@ fn decode_heads_as_lanes() {
     check_forward_cases("decode_heads_as_lanes", 95_000, &cases);
 }
 
+/// Decoding steps by the matrix-vector kernels (groups of at most 16 heads, value dims a
+/// multiple of 16): every group size of the AVX-512 kernels' head blocks (1-4 heads and their
+/// remainders), head dims that end in a partial vector, value dims of 1 to 32 vectors, and key
+/// counts around the 16-key groups and 64-key blocks.
+#[test]
+fn decode_group_kernels() {
+    let mut cases = Vec::new();
+    for (g, hk) in [
+        (1, 3),
+        (2, 2),
+        (3, 1),
+        (4, 2),
+        (5, 1),
+        (6, 1),
+        (8, 1),
+        (16, 1),
+    ] {
+        for (nk, d, dv) in [
+            (1, 64, 64),
+            (15, 17, 16),
+            (16, 1, 48),
+            (17, 100, 128),
+            (63, 128, 32),
+            (64, 8, 16),
+            (65, 64, 512),
+            (129, 512, 64),
+            (1000, 96, 96),
+        ] {
+            cases.push(Case::new(1, nk, d).heads(g * hk, hk).dv(dv));
+        }
+    }
+    cases.extend([
+        Case::new(1, 700, 128)
+            .heads(8, 2)
+            .dtype(DType::BF16)
+            .softcap(15.0),
+        Case::new(1, 333, 64)
+            .heads(12, 4)
+            .dtype(DType::F16)
+            .layout(Layout::Bhnd)
+            .window(Some(40), Some(0)),
+        Case::new(1, 200, 32).heads(5, 5).batch(2).causal(),
+        Case::new(1, 1, 48)
+            .heads(6, 2)
+            .varlen(&[(1, 90), (1, 0), (0, 5), (1, 65)]),
+    ]);
+    check_forward_cases("decode_group_kernels", 96_000, &cases);
+}
+
 /// A `shape` view with `strides` and `offset` of `data` converted to `dtype`.
 fn strided(
     data: &[f32],

@@ -2,10 +2,11 @@
 //!
 //! One rayon task per (sequence, query head, block of `block_q` queries) owns those rows of the
 //! output; in a decoding step (one query a sequence) one task per (sequence, key/value head)
-//! takes the query of each head of its group instead, a head a lane, and reads the group's K
-//! and V once (see `heads_per_task`). A task packs its queries once as `Qᵀ` panels (`d × 16`, f32, times `scale · log2(e)` so
-//! the softmax runs in base 2), then walks only the key blocks its rows can see
-//! (`Mask::key_range_for_rows`). Per key block and pair of panels:
+//! takes the query of each head of its group instead and reads the group's K and V once (see
+//! `heads_per_task`): as the rows of a matrix-vector product (`decode`) for groups of at most
+//! 16 heads, else a head a lane of the panels below. A task packs its queries once as `Qᵀ`
+//! panels (`d × 16`, f32, times `scale · log2(e)` so the softmax runs in base 2), then walks
+//! only the key blocks its rows can see (`Mask::key_range_for_rows`). Per key block and pair of panels:
 //!
 //! ```text
 //! Sᵀ  = K · Qᵀ            keys × 16 (×2)  microkernel, K rows read in place
@@ -38,6 +39,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rayon::prelude::*;
 
 use super::SharedOut;
+use super::decode::{self, DecodeScratch, GroupStep};
 use super::exp::LANES;
 use super::key_rows::{KeyRows, KeySource, PackedKeys};
 use super::lanes::lane_max;
@@ -67,6 +69,7 @@ struct Scratch {
     /// 16 query rows in row-major order (f32), on their way into or out of a panel.
     rows: Vec<f32>,
     kv: PackedKeys,
+    decode: DecodeScratch,
 }
 
 /// The task's query panels.
@@ -212,6 +215,23 @@ struct TaskCtx<'a, T> {
 impl<T: CpuElement> TaskCtx<'_, T> {
     fn run(&self, sc: &mut Scratch, out: &SharedOut<'_, T>, lse: &SharedOut<'_, f32>) {
         let (p, b) = (self.p, self.b);
+        if decode::applies(p) {
+            let step = GroupStep {
+                p,
+                q: self.x.q,
+                // One pass over each key block: read in place, whatever the stride.
+                source: KeySource {
+                    in_place: true,
+                    ..self.keys()
+                },
+                b,
+                h: self.h,
+                heads: self.heads,
+                i: self.rows.start,
+                keys: self.mask.key_range_for_rows(self.rows.clone()),
+            };
+            return step.run(&mut sc.decode, &mut sc.kv, out, lse);
+        }
         let (d, dv) = (p.head_dim, p.head_dim_v);
         let panels = self.lanes().div_ceil(LANES);
         self.pack_queries(sc, panels);

@@ -46,7 +46,34 @@ impl PanelSoftmax {
         tile_max: Option<[f32; LANES]>,
         acc: &mut [f32],
     ) -> [f32; LANES] {
-        let tile_max = tile_max.unwrap_or_else(|| lane_max(scores));
+        let (alpha, shift, moved) = self.fold(tile_max.unwrap_or_else(|| lane_max(scores)));
+        if moved {
+            scale_lanes(acc, &alpha);
+        }
+        shift
+    }
+
+    /// [`Self::rescale`] for an accumulator kept as rows, lane `l`'s in row `l` of `acc` (each
+    /// `width` long): a decoding step's orientation, whose lanes are heads.
+    pub(crate) fn rescale_rows(
+        &mut self,
+        tile_max: [f32; LANES],
+        acc: &mut [f32],
+        width: usize,
+    ) -> [f32; LANES] {
+        let (alpha, shift, moved) = self.fold(tile_max);
+        if moved {
+            for (row, a) in acc.chunks_exact_mut(width).zip(alpha) {
+                row.iter_mut().for_each(|x| *x *= a);
+            }
+        }
+        shift
+    }
+
+    /// Folds a tile's lane maxima into the state and rescales the sums: returns each lane's
+    /// factor `2^(m_old − m_new)` for its accumulator, its shift, and whether any lane with
+    /// something accumulated moved.
+    fn fold(&mut self, tile_max: [f32; LANES]) -> ([f32; LANES], [f32; LANES], bool) {
         let mut alpha = self.max;
         let mut shift = [0f32; LANES];
         let mut moved = false;
@@ -66,10 +93,7 @@ impl PanelSoftmax {
         for (s, a) in self.sum.iter_mut().zip(&alpha) {
             *s *= a;
         }
-        if moved {
-            scale_lanes(acc, &alpha);
-        }
-        shift
+        (alpha, shift, moved)
     }
 
     /// Adds a tile's lane sums of `2^(s − shift)` (after [`Self::rescale`]).

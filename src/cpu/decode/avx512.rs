@@ -1,0 +1,149 @@
+//! AVX-512F kernels of a decoding step: the scores as dot products (lanes along the head dim,
+//! 16 dot products reduced together by a tree of lane shuffles), and `O += P · V` with
+//! the value dims as lanes.
+
+use std::arch::x86_64::*;
+
+/// Lanes of a vector.
+const L: usize = 16;
+
+/// Where the score of (head `g`, key `kk`) of a pass over `16 / HP` keys and `HP` heads leaves
+/// the reduction tree of [`reduce16`]: lane `(16 / HP)·g + kk`, which the tree fills from
+/// accumulator `4·(lane % 4) + lane / 4`.
+const fn slot<const HP: usize>(g: usize, kk: usize) -> usize {
+    let lane = (L / HP) * g + kk;
+    4 * (lane % 4) + lane / 4
+}
+
+/// Lane `4i + e` of the result is the sum of the 16 lanes of `acc[4e + i]`: 30 shuffles and 15
+/// adds for 16 sums.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn reduce16(acc: [__m512; 16]) -> __m512 {
+    // 16 → 8: each 256-bit half holds 8 partial sums of one accumulator.
+    let t: [__m512; 8] = std::array::from_fn(|k| {
+        let (a, b) = (acc[2 * k], acc[2 * k + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x44>(a, b),
+            _mm512_shuffle_f32x4::<0xEE>(a, b),
+        )
+    });
+    // 8 → 4: 128-bit lane i of u[m] holds 4 partial sums of acc[4m + i].
+    let u: [__m512; 4] = std::array::from_fn(|m| {
+        let (a, b) = (t[2 * m], t[2 * m + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x88>(a, b),
+            _mm512_shuffle_f32x4::<0xDD>(a, b),
+        )
+    });
+    // 4 → 2: in 128-bit lane i, elements 0-1 hold acc[8n + i], elements 2-3 acc[8n + 4 + i].
+    let w: [__m512; 2] = std::array::from_fn(|n| {
+        let (a, b) = (u[2 * n], u[2 * n + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0x44>(a, b),
+            _mm512_shuffle_ps::<0xEE>(a, b),
+        )
+    });
+    _mm512_add_ps(
+        _mm512_shuffle_ps::<0x88>(w[0], w[1]),
+        _mm512_shuffle_ps::<0xDD>(w[0], w[1]),
+    )
+}
+
+/// `s[g·s_rs + j] = q[g·q_rs..][..d] · k[j·k_rs..][..d]` for `HP` heads and `n` keys
+/// (`j < n`); lanes `n..` of each head's last group of `16 / HP` keys get values of no meaning.
+///
+/// # Safety
+/// AVX-512F must be available; `q` must hold `HP` rows of `d` at stride `q_rs`, `k` `n ≥ 1`
+/// rows of `d` at stride `k_rs`, and `s` `HP` rows at stride `s_rs` of at least `n` rounded up
+/// to `16 / HP`.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn scores<const HP: usize>(
+    (q, q_rs): (*const f32, usize),
+    (k, k_rs): (*const f32, usize),
+    (s, s_rs): (*mut f32, usize),
+    d: usize,
+    n: usize,
+) {
+    let keys = L / HP;
+    let tail = d % L;
+    let last: __mmask16 = if tail == 0 { !0 } else { (1 << tail) - 1 };
+    let chunks = d.div_ceil(L);
+    for j0 in (0..n).step_by(keys) {
+        // Keys past n repeat the group's first row (read, never stored past the row's end).
+        let row = |kk: usize| {
+            let j = if j0 + kk < n { j0 + kk } else { j0 };
+            // SAFETY: key j < n is a row of K.
+            unsafe { k.add(j * k_rs) }
+        };
+        let mut acc = [_mm512_setzero_ps(); L];
+        for c in 0..chunks {
+            let mask = if c + 1 == chunks { last } else { !0 };
+            // SAFETY: lanes of chunk c under `mask` lie inside each row of d.
+            let qv: [__m512; HP] = std::array::from_fn(|g| unsafe {
+                _mm512_maskz_loadu_ps(mask, q.add(g * q_rs + c * L))
+            });
+            for kk in 0..keys {
+                // SAFETY: as above, for a row of K.
+                let kv = unsafe { _mm512_maskz_loadu_ps(mask, row(kk).add(c * L)) };
+                for (g, qv) in qv.iter().enumerate() {
+                    let a = slot::<HP>(g, kk);
+                    acc[a] = _mm512_fmadd_ps(*qv, kv, acc[a]);
+                }
+            }
+        }
+        let z = reduce16(acc);
+        let mut lanes = [0f32; L];
+        // SAFETY: `lanes` holds 16 f32.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), z) };
+        for g in 0..HP {
+            // SAFETY: row g of s holds at least j0 + keys values (the caller's contract).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    lanes.as_ptr().add(g * keys),
+                    s.add(g * s_rs + j0),
+                    keys,
+                )
+            };
+        }
+    }
+}
+
+/// `o[g·o_rs + 16c..][..16] += Σ_j p[g·p_rs + j] · v[j·v_rs + 16c..][..16]` for `GH` heads,
+/// `CW` chunks of 16 value dims and `n` keys, the block of `GH × CW` accumulators kept in
+/// registers over the keys.
+///
+/// # Safety
+/// AVX-512F must be available; `o` must hold `GH` writable rows of `16·CW` at stride `o_rs`,
+/// `p` `GH` rows of `n` at stride `p_rs`, `v` `n` rows of `16·CW` at stride `v_rs`.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn accumulate<const GH: usize, const CW: usize>(
+    (o, o_rs): (*mut f32, usize),
+    (p, p_rs): (*const f32, usize),
+    (v, v_rs): (*const f32, usize),
+    n: usize,
+) {
+    // SAFETY: rows g < GH of o hold 16·CW values (the caller's contract).
+    let mut acc: [[__m512; CW]; GH] = std::array::from_fn(|g| {
+        std::array::from_fn(|c| unsafe { _mm512_loadu_ps(o.add(g * o_rs + c * L)) })
+    });
+    for j in 0..n {
+        // SAFETY: row j < n of v holds 16·CW values, row g < GH of p n values.
+        unsafe {
+            let vv: [__m512; CW] =
+                std::array::from_fn(|c| _mm512_loadu_ps(v.add(j * v_rs + c * L)));
+            for (g, acc) in acc.iter_mut().enumerate() {
+                let pb = _mm512_set1_ps(*p.add(g * p_rs + j));
+                for (a, x) in acc.iter_mut().zip(&vv) {
+                    *a = _mm512_fmadd_ps(pb, *x, *a);
+                }
+            }
+        }
+    }
+    for (g, acc) in acc.iter().enumerate() {
+        for (c, a) in acc.iter().enumerate() {
+            // SAFETY: as above.
+            unsafe { _mm512_storeu_ps(o.add(g * o_rs + c * L), *a) };
+        }
+    }
+}
