@@ -140,6 +140,18 @@ fn decode_group_kernels() {
         Case::new(1, 1, 48)
             .heads(6, 2)
             .varlen(&[(1, 90), (1, 0), (0, 5), (1, 65)]),
+        // Few groups for the threads: keys split between tasks and the runs combined.
+        Case::new(1, 5000, 64).heads(4, 1),
+        Case::new(1, 5000, 64).heads(8, 4),
+        Case::new(1, 4000, 32).heads(6, 3).layout(Layout::Bhnd),
+        Case::new(1, 3000, 128).heads(1, 1).softcap(10.0),
+        Case::new(1, 2100, 32)
+            .heads(2, 1)
+            .dtype(DType::BF16)
+            .window(Some(1500), Some(0)),
+        Case::new(1, 1, 16)
+            .heads(3, 1)
+            .varlen(&[(1, 4000), (1, 0), (0, 10), (1, 1030)]),
     ]);
     check_forward_cases("decode_group_kernels", 96_000, &cases);
 }

@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rayon::prelude::*;
 
 use super::SharedOut;
-use super::decode::{self, DecodeScratch, GroupStep};
+use super::decode;
 use super::exp::LANES;
 use super::key_rows::{KeyRows, KeySource, PackedKeys};
 use super::lanes::lane_max;
@@ -69,7 +69,6 @@ struct Scratch {
     /// 16 query rows in row-major order (f32), on their way into or out of a panel.
     rows: Vec<f32>,
     kv: PackedKeys,
-    decode: DecodeScratch,
 }
 
 /// The task's query panels.
@@ -124,6 +123,9 @@ pub(crate) fn run<T: CpuElement>(
     out: SharedOut<'_, T>,
     lse: SharedOut<'_, f32>,
 ) {
+    if decode::applies(p) {
+        return decode::run(p, &x, out, lse);
+    }
     let rows: usize = p.seqs.iter().map(|s| s.nq).sum::<usize>() * p.heads_q;
     let tiles = forward_tiles(
         p.head_dim,
@@ -215,23 +217,6 @@ struct TaskCtx<'a, T> {
 impl<T: CpuElement> TaskCtx<'_, T> {
     fn run(&self, sc: &mut Scratch, out: &SharedOut<'_, T>, lse: &SharedOut<'_, f32>) {
         let (p, b) = (self.p, self.b);
-        if decode::applies(p) {
-            let step = GroupStep {
-                p,
-                q: self.x.q,
-                // One pass over each key block: read in place, whatever the stride.
-                source: KeySource {
-                    in_place: true,
-                    ..self.keys()
-                },
-                b,
-                h: self.h,
-                heads: self.heads,
-                i: self.rows.start,
-                keys: self.mask.key_range_for_rows(self.rows.clone()),
-            };
-            return step.run(&mut sc.decode, &mut sc.kv, out, lse);
-        }
         let (d, dv) = (p.head_dim, p.head_dim_v);
         let panels = self.lanes().div_ceil(LANES);
         self.pack_queries(sc, panels);

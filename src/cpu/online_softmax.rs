@@ -103,6 +103,12 @@ impl PanelSoftmax {
         }
     }
 
+    /// Each lane's running maximum (base 2) and sum, for a caller that combines partial
+    /// results of the same queries (a decoding step split over its keys).
+    pub(crate) fn max_sum(&self) -> ([f32; LANES], [f32; LANES]) {
+        (self.max, self.sum)
+    }
+
     /// Each query's factor for its accumulator column, `1 / sum` (0 for a query that saw no
     /// key), and its natural-log log-sum-exp (−∞ for such a query). The forward applies the
     /// factors as it writes the output rows.

@@ -1,0 +1,327 @@
+//! One decoding task: the query of one sequence in the heads of one or more key/value groups,
+//! against a run of keys, block by block (see the module doc of [`super`]).
+
+use std::ops::Range;
+
+use super::BLOCK;
+#[cfg(target_arch = "x86_64")]
+use super::avx512;
+use crate::cpu::SharedOut;
+use crate::cpu::exp::{LANES, exp2_shifted_sum};
+use crate::cpu::forward::Inputs;
+use crate::cpu::key_rows::{KeyRows, KeySource, PackedKeys};
+use crate::cpu::lanes::lane_max;
+use crate::cpu::matmul::Write;
+use crate::cpu::microkernel::{PairOffsets, PanelStrides, panels_product};
+use crate::cpu::online_softmax::PanelSoftmax;
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::simd::{Simd, cpu_simd};
+use crate::cpu::softcap::softcap;
+use crate::cpu::transpose::transpose;
+use crate::problem::Problem;
+use crate::tensor::CpuElement;
+
+/// A thread's buffers for decoding steps, kept from call to call.
+#[derive(Default)]
+pub(super) struct Scratch {
+    /// The query rows of the task's heads, `groups × group × d`, pre-scaled.
+    q: Vec<f32>,
+    /// The key block transposed (panel kernels only): `BLOCK / 16` panels of `d × 16`.
+    kt: Vec<f32>,
+    /// One group's scores, then probabilities: `group × BLOCK`.
+    s: Vec<f32>,
+    /// The output accumulator, `groups × group × dv`, unnormalized.
+    pub(super) o: Vec<f32>,
+    /// Each group's running maxima and sums, its heads as lanes.
+    pub(super) softmax: Vec<PanelSoftmax>,
+    /// K and V rows converted to f32 (f16 and bf16 inputs).
+    kv: PackedKeys,
+}
+
+/// The query of sequence `b` in the heads of key/value heads `groups`, against keys `keys`.
+pub(super) struct Step<'a, T> {
+    pub p: &'a Problem,
+    pub x: &'a Inputs<'a, T>,
+    pub b: usize,
+    pub groups: Range<usize>,
+    pub keys: Range<usize>,
+}
+
+impl<T: CpuElement> Step<'_, T> {
+    /// Leaves each group's unnormalized output rows in `sc.o` and its state in `sc.softmax`.
+    /// Block by block, every group in turn: with the heads of a key row side by side in memory
+    /// (`[B, N, H, D]`), the groups together read each block's rows as one contiguous run.
+    pub(super) fn run(&self, sc: &mut Scratch) {
+        let p = self.p;
+        let (d, dv, g) = (p.head_dim, p.head_dim_v, p.group());
+        let heads = self.groups.len() * g;
+        // Without softcap, log2(e) rides on Q (as in the panels); with it, it comes after.
+        let scale = match p.softcap {
+            Some(_) => p.scale,
+            None => p.scale * std::f32::consts::LOG2_E,
+        };
+        sc.q.resize(heads * d, 0.0);
+        for (r, row) in sc.q.chunks_exact_mut(d).enumerate() {
+            let at = p.query_at(&p.q, self.b, 0, self.groups.start * g + r);
+            T::widen_into(&self.x.q[at..at + d], row);
+            row.iter_mut().for_each(|x| *x *= scale);
+        }
+        sc.kt.resize(BLOCK * d, 0.0);
+        sc.s.resize(g * BLOCK, 0.0);
+        sc.o.clear();
+        sc.o.resize(heads * dv, 0.0);
+        sc.softmax.clear();
+        sc.softmax
+            .resize(self.groups.len(), PanelSoftmax::default());
+        let mut k0 = self.keys.start;
+        while k0 < self.keys.end {
+            let block = k0..(k0 + BLOCK).min(self.keys.end);
+            k0 = block.end;
+            for hk in self.groups.clone() {
+                self.source(hk)
+                    .prefetch(k0..(k0 + BLOCK).min(self.keys.end));
+            }
+            for (i, hk) in self.groups.clone().enumerate() {
+                let source = self.source(hk);
+                let (k_rows, v_rows) = source.block(&mut sc.kv, block.clone());
+                let group = Group {
+                    q: &sc.q[i * g * d..(i + 1) * g * d],
+                    o: &mut sc.o[i * g * dv..(i + 1) * g * dv],
+                    softmax: &mut sc.softmax[i],
+                    s: &mut sc.s,
+                    kt: &mut sc.kt,
+                };
+                group.block(p, block.len(), k_rows, v_rows);
+            }
+        }
+    }
+
+    /// Writes the output rows (`sc.o` divided by the sums) and log-sum-exps of every group.
+    pub(super) fn write(&self, sc: &Scratch, out: &SharedOut<'_, T>, lse: &SharedOut<'_, f32>) {
+        let p = self.p;
+        let (dv, g) = (p.head_dim_v, p.group());
+        for (i, softmax) in sc.softmax.iter().enumerate() {
+            let (inv, lse_lanes) = softmax.finish();
+            for r in 0..g {
+                let h = (self.groups.start + i) * g + r;
+                let row = &sc.o[(i * g + r) * dv..(i * g + r + 1) * dv];
+                // SAFETY: out[b, 0, h, ..] and lse[b, h, 0] of the task's heads belong to it.
+                unsafe {
+                    out.write_f32_row(p.query_at(&out.layout, self.b, 0, h), row, inv[r]);
+                    lse.write_row(p.lse_at(self.b, h, 0), std::iter::once(lse_lanes[r]));
+                }
+            }
+        }
+    }
+
+    /// Where the rows of key/value head `hk` are read: in place when f32 (one pass over each
+    /// block, whatever the stride), converted block by block otherwise.
+    fn source(&self, hk: usize) -> KeySource<'_, T> {
+        KeySource {
+            p: self.p,
+            k: self.x.k,
+            v: self.x.v,
+            b: self.b,
+            hk,
+            in_place: true,
+            keep: false,
+            call: 0,
+        }
+    }
+}
+
+/// One group's share of a task's buffers.
+struct Group<'s> {
+    /// Its query rows, `group × d`.
+    q: &'s [f32],
+    /// Its output rows, `group × dv`.
+    o: &'s mut [f32],
+    softmax: &'s mut PanelSoftmax,
+    s: &'s mut [f32],
+    kt: &'s mut [f32],
+}
+
+impl Group<'_> {
+    /// Folds `n` keys (rows of `k_rows` and `v_rows`) into the softmax state and `O`.
+    fn block(self, p: &Problem, n: usize, k_rows: KeyRows<'_>, v_rows: KeyRows<'_>) {
+        let (d, dv) = (p.head_dim, p.head_dim_v);
+        #[cfg(target_arch = "x86_64")]
+        let wide = cpu_simd() == Simd::Avx512;
+        #[cfg(not(target_arch = "x86_64"))]
+        let wide = false;
+        if wide {
+            #[cfg(target_arch = "x86_64")]
+            scores_avx512(self.q, self.s, (d, n), k_rows);
+        } else {
+            scores_panels(self.q, self.kt, self.s, (d, n), k_rows);
+        }
+        let width = n.next_multiple_of(LANES);
+        let mut tile_max = [f32::NEG_INFINITY; LANES];
+        for (row, m) in self.s.chunks_exact_mut(BLOCK).zip(&mut tile_max) {
+            if let Some(cap) = p.softcap {
+                softcap(&mut row[..n], cap, None);
+                row[..n]
+                    .iter_mut()
+                    .for_each(|x| *x *= std::f32::consts::LOG2_E);
+            }
+            row[n..width].fill(f32::NEG_INFINITY);
+            *m = lane_max(&row[..width])
+                .into_iter()
+                .fold(f32::NEG_INFINITY, f32::max);
+        }
+        let shift = self.softmax.rescale_rows(tile_max, self.o, dv);
+        let mut sums = [0f32; LANES];
+        for (r, row) in self.s.chunks_exact_mut(BLOCK).enumerate() {
+            sums[r] = exp2_shifted_sum(&mut row[..n], shift[r]);
+        }
+        self.softmax.add_sums(&sums);
+        if wide {
+            #[cfg(target_arch = "x86_64")]
+            values_avx512(self.o, self.s, (dv, n), v_rows);
+        } else {
+            values_panels(self.o, self.s, (dv, n), v_rows);
+        }
+    }
+}
+
+/// `S = Q · Kᵀ` (`q`: heads × d, `s`: heads × BLOCK) by the panel microkernel: K's block
+/// transposed into `d × 16` panels of keys (`kt`), the heads as the rows.
+fn scores_panels(q: &[f32], kt: &mut [f32], s: &mut [f32], (d, n): (usize, usize), k: KeyRows) {
+    let heads = q.len() / d;
+    let panels = n.div_ceil(LANES);
+    for c in 0..panels {
+        let rows = LANES.min(n - c * LANES);
+        let panel = &mut kt[c * d * LANES..(c + 1) * d * LANES];
+        transpose(panel, LANES, k.skip(c * LANES), k.stride(), rows, d);
+    }
+    for c in (0..panels).step_by(2) {
+        panels_product(
+            &mut s[c * LANES..],
+            q,
+            &kt[c * d * LANES..],
+            heads,
+            d,
+            PanelStrides {
+                a_rs: d,
+                a_cs: 1,
+                b_rs: LANES,
+                c_rs: BLOCK,
+            },
+            (c + 1 < panels).then_some(PairOffsets {
+                b: d * LANES,
+                c: LANES,
+            }),
+            Write::Overwrite,
+        );
+    }
+}
+
+/// `O += P · V` (`o`: heads × dv, `p`: heads × BLOCK) by the panel microkernel: the heads as
+/// the rows, 16 value dims a panel, V's rows in place.
+fn values_panels(o: &mut [f32], p: &[f32], (dv, n): (usize, usize), v: KeyRows) {
+    let heads = o.len() / dv;
+    let rows = v.skip(0);
+    for c in (0..dv / LANES).step_by(2) {
+        panels_product(
+            &mut o[c * LANES..],
+            p,
+            &rows[c * LANES..],
+            heads,
+            n,
+            PanelStrides {
+                a_rs: BLOCK,
+                a_cs: 1,
+                b_rs: v.stride(),
+                c_rs: dv,
+            },
+            (c + 1 < dv / LANES).then_some(PairOffsets { b: LANES, c: LANES }),
+            Write::Accumulate,
+        );
+    }
+}
+
+/// `S = Q · Kᵀ` as dot products of K's rows in place, 16 at a time (see [`avx512::scores`]).
+#[cfg(target_arch = "x86_64")]
+fn scores_avx512(q: &[f32], s: &mut [f32], (d, n): (usize, usize), k: KeyRows) {
+    let heads = q.len() / d;
+    let (rows, k_rs) = (k.skip(0), k.stride());
+    assert!(
+        n >= 1 && (n - 1) * k_rs + d <= rows.len(),
+        "decode: K block out of bounds"
+    );
+    assert!(s.len() >= heads * BLOCK, "decode: score rows out of bounds");
+    let hp = if heads.is_multiple_of(4) {
+        4
+    } else if heads.is_multiple_of(2) {
+        2
+    } else {
+        1
+    };
+    for g0 in (0..heads).step_by(hp) {
+        let q = (q[g0 * d..].as_ptr(), d);
+        let s = (s[g0 * BLOCK..].as_mut_ptr(), BLOCK);
+        let k = (rows.as_ptr(), k_rs);
+        // SAFETY: AVX-512F is available; heads g0..g0 + hp have rows of q (d each) and of s
+        // (BLOCK each, a multiple of 16 and at least n), and the n rows of K lie inside `rows`
+        // (asserted above).
+        unsafe {
+            match hp {
+                4 => avx512::scores::<4>(q, k, s, d, n),
+                2 => avx512::scores::<2>(q, k, s, d, n),
+                _ => avx512::scores::<1>(q, k, s, d, n),
+            }
+        }
+    }
+}
+
+/// `O += P · V` with `GH × CW` blocks of accumulators (see [`avx512::accumulate`]).
+#[cfg(target_arch = "x86_64")]
+fn values_avx512(o: &mut [f32], p: &[f32], (dv, n): (usize, usize), v: KeyRows) {
+    let heads = o.len() / dv;
+    let (rows, v_rs) = (v.skip(0), v.stride());
+    assert!(
+        n >= 1 && (n - 1) * v_rs + dv <= rows.len(),
+        "decode: V block out of bounds"
+    );
+    assert!(
+        p.len() >= heads * BLOCK,
+        "decode: probability rows out of bounds"
+    );
+    let chunks = dv / LANES;
+    for g0 in (0..heads).step_by(4) {
+        let gh = (heads - g0).min(4);
+        let widest = if gh <= 2 { 8 } else { 4 };
+        let mut c0 = 0;
+        while c0 < chunks {
+            let cw = [8, 4, 2, 1]
+                .into_iter()
+                .find(|&w| w <= widest && w <= chunks - c0)
+                .unwrap_or(1);
+            let o = (o[g0 * dv + c0 * LANES..].as_mut_ptr(), dv);
+            let p = (p[g0 * BLOCK..].as_ptr(), BLOCK);
+            let v = (rows[c0 * LANES..].as_ptr(), v_rs);
+            // SAFETY: AVX-512F is available; heads g0..g0 + gh have rows of o (dv each, of which
+            // columns 16·c0.. + 16·cw) and of p (n probabilities each), and the n rows of V lie
+            // inside `rows` (asserted above).
+            unsafe {
+                match (gh, cw) {
+                    (1, 8) => avx512::accumulate::<1, 8>(o, p, v, n),
+                    (1, 4) => avx512::accumulate::<1, 4>(o, p, v, n),
+                    (1, 2) => avx512::accumulate::<1, 2>(o, p, v, n),
+                    (1, _) => avx512::accumulate::<1, 1>(o, p, v, n),
+                    (2, 8) => avx512::accumulate::<2, 8>(o, p, v, n),
+                    (2, 4) => avx512::accumulate::<2, 4>(o, p, v, n),
+                    (2, 2) => avx512::accumulate::<2, 2>(o, p, v, n),
+                    (2, _) => avx512::accumulate::<2, 1>(o, p, v, n),
+                    (3, 4) => avx512::accumulate::<3, 4>(o, p, v, n),
+                    (3, 2) => avx512::accumulate::<3, 2>(o, p, v, n),
+                    (3, _) => avx512::accumulate::<3, 1>(o, p, v, n),
+                    (_, 4) => avx512::accumulate::<4, 4>(o, p, v, n),
+                    (_, 2) => avx512::accumulate::<4, 2>(o, p, v, n),
+                    (_, _) => avx512::accumulate::<4, 1>(o, p, v, n),
+                }
+            }
+            c0 += cw;
+        }
+    }
+}
