@@ -95,10 +95,10 @@ fn decode_heads_as_lanes() {
     check_forward_cases("decode_heads_as_lanes", 95_000, &cases);
 }
 
-/// Decoding steps by the matrix-vector kernels (groups of at most 16 heads, value dims a
-/// multiple of 16): every group size of the AVX-512 kernels' head blocks (1-4 heads and their
-/// remainders), head dims that end in a partial vector, value dims of 1 to 32 vectors, and key
-/// counts around the 16-key groups and 64-key blocks.
+/// Decoding steps by the matrix-vector kernels (value dims a multiple of 16): every group size
+/// of the AVX-512 kernels' head blocks (1-4 heads and their remainders) and groups of more than
+/// 16 heads (states of 16 lanes), head dims that end in a partial vector, value dims of 1 to 32
+/// vectors, and key counts around the 16-key groups and 64-key blocks.
 #[test]
 fn decode_group_kernels() {
     let mut cases = Vec::new();
@@ -111,6 +111,8 @@ fn decode_group_kernels() {
         (6, 1),
         (8, 1),
         (16, 1),
+        (17, 1),
+        (33, 2),
     ] {
         for (nk, d, dv) in [
             (1, 64, 64),
@@ -143,6 +145,7 @@ fn decode_group_kernels() {
         // Few groups for the threads: keys split between tasks and the runs combined.
         Case::new(1, 5000, 64).heads(4, 1),
         Case::new(1, 5000, 64).heads(8, 4),
+        Case::new(1, 3000, 64).heads(40, 1),
         Case::new(1, 4000, 32).heads(6, 3).layout(Layout::Bhnd),
         Case::new(1, 3000, 128).heads(1, 1).softcap(10.0),
         Case::new(1, 2100, 32)

@@ -3,8 +3,8 @@
 //! One rayon task per (sequence, query head, block of `block_q` queries) owns those rows of the
 //! output; in a decoding step (one query a sequence) one task per (sequence, key/value head)
 //! takes the query of each head of its group instead and reads the group's K and V once (see
-//! `heads_per_task`): as the rows of a matrix-vector product (`decode`) for groups of at most
-//! 16 heads, else a head a lane of the panels below. A task packs its queries once as `Qᵀ`
+//! `heads_per_task`): as the rows of a matrix-vector product (`decode`) when the value dims are
+//! a multiple of 16, else a head a lane of the panels below. A task packs its queries once as `Qᵀ`
 //! panels (`d × 16`, f32, times `scale · log2(e)` so the softmax runs in base 2), then walks
 //! only the key blocks its rows can see (`Mask::key_range_for_rows`). Per key block and pair of panels:
 //!
@@ -104,11 +104,12 @@ struct Task {
 }
 
 /// How many query heads one task takes, as the lanes of its panels: the whole group of a
-/// key/value head when every sequence has at most one query (a decoding step) and no option
-/// differs between heads (ALiBi's slopes, a bias); otherwise 1, and the lanes are queries.
-/// With lanes as queries a single query leaves 15 of a panel's 16 lanes empty, and every query
-/// head of a group reads the group's K and V again: f32, B=1, H=32, 8 key/value heads, D=128,
-/// one query, 4096 keys, 2 threads, 6.6 ms a call (5 GB/s of K and V).
+/// key/value head in a decoding step (every sequence has at most one query) that the `decode`
+/// module does not take (value dims not a multiple of 16) when no option differs between heads
+/// (ALiBi's slopes, a bias); otherwise 1, and the lanes are queries. With lanes as queries a
+/// single query leaves 15 of a panel's 16 lanes empty, and every query head of a group reads
+/// the group's K and V again: f32, B=1, H=32, 8 key/value heads, D=128, one query, 4096 keys,
+/// 2 threads, 6.6 ms a call (5 GB/s of K and V).
 fn heads_per_task(p: &Problem) -> usize {
     if p.max_nq <= 1 && p.alibi.is_none() && p.bias.is_none() {
         p.group()

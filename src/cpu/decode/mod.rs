@@ -58,11 +58,7 @@ const MIN_SPLIT: usize = 1024;
 
 /// True when the forward runs as decoding steps here ([`run`]).
 pub(crate) fn applies(p: &Problem) -> bool {
-    p.max_nq <= 1
-        && p.alibi.is_none()
-        && p.bias.is_none()
-        && p.group() <= LANES
-        && p.head_dim_v.is_multiple_of(LANES)
+    p.max_nq <= 1 && p.alibi.is_none() && p.bias.is_none() && p.head_dim_v.is_multiple_of(LANES)
 }
 
 thread_local! {
@@ -136,7 +132,7 @@ pub(crate) fn run<T: CpuElement>(
             slots += span.groups.len();
         }
     }
-    // A partial result: `g` rows of dv, then the g maxima and g sums.
+    // A group's partial result: for each of its g heads, the row of dv, its maximum and sum.
     let part = g * (dv + 2);
     let mut partials = vec![0f32; slots * part];
     {
@@ -157,14 +153,12 @@ pub(crate) fn run<T: CpuElement>(
                 let Some(slot) = task.slot else {
                     return step.write(sc, &out, &lse);
                 };
-                for (i, softmax) in sc.softmax.iter().enumerate() {
-                    let (max, sum) = softmax.max_sum();
-                    let at = (slot + i) * part;
+                for (h, at, max, sum) in step.heads(sc) {
+                    let at_part = slot * part + (h - task.groups.start * g) * (dv + 2);
                     // SAFETY: the task's slots of the partials belong to it alone.
                     unsafe {
-                        shared.write_row(at, sc.o[i * g * dv..(i + 1) * g * dv].iter().copied());
-                        shared.write_row(at + g * dv, max[..g].iter().copied());
-                        shared.write_row(at + g * (dv + 1), sum[..g].iter().copied());
+                        shared.write_row(at_part, sc.o[at..at + dv].iter().copied());
+                        shared.write_row(at_part + dv, [max, sum].into_iter());
                     }
                 }
             });
@@ -191,20 +185,24 @@ fn combine<T: CpuElement>(
     let (g, dv) = (p.group(), p.head_dim_v);
     let mut o = vec![0f32; dv];
     for r in 0..g {
+        let head = |run: &[f32]| -> (f32, f32) {
+            let at = r * (dv + 2) + dv;
+            (run[at], run[at + 1])
+        };
         let max = runs
             .iter()
-            .map(|run| run[g * dv + r])
+            .map(|run| head(run).0)
             .fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0f32;
         o.fill(0.0);
         for run in runs {
-            let m = run[g * dv + r];
+            let (m, s) = head(run);
             if m == f32::NEG_INFINITY {
                 continue;
             }
             let f = exp2(m - max);
-            sum += f * run[g * (dv + 1) + r];
-            for (a, x) in o.iter_mut().zip(&run[r * dv..(r + 1) * dv]) {
+            sum += f * s;
+            for (a, x) in o.iter_mut().zip(&run[r * (dv + 2)..r * (dv + 2) + dv]) {
                 *a += f * x;
             }
         }

@@ -10,7 +10,7 @@ use crate::cpu::SharedOut;
 use crate::cpu::exp::{LANES, exp2_shifted_sum};
 use crate::cpu::forward::Inputs;
 use crate::cpu::key_rows::{KeyRows, KeySource, PackedKeys};
-use crate::cpu::lanes::lane_max;
+use crate::cpu::lanes::{lane_lse, lane_max};
 use crate::cpu::matmul::Write;
 use crate::cpu::microkernel::{PairOffsets, PanelStrides, panels_product};
 use crate::cpu::online_softmax::PanelSoftmax;
@@ -67,12 +67,14 @@ impl<T: CpuElement> Step<'_, T> {
             row.iter_mut().for_each(|x| *x *= scale);
         }
         sc.kt.resize(BLOCK * d, 0.0);
-        sc.s.resize(g * BLOCK, 0.0);
+        sc.s.resize(g.min(LANES) * BLOCK, 0.0);
         sc.o.clear();
         sc.o.resize(heads * dv, 0.0);
         sc.softmax.clear();
-        sc.softmax
-            .resize(self.groups.len(), PanelSoftmax::default());
+        sc.softmax.resize(
+            self.groups.len() * g.div_ceil(LANES),
+            PanelSoftmax::default(),
+        );
         let mut k0 = self.keys.start;
         while k0 < self.keys.end {
             let block = k0..(k0 + BLOCK).min(self.keys.end);
@@ -84,32 +86,60 @@ impl<T: CpuElement> Step<'_, T> {
             for (i, hk) in self.groups.clone().enumerate() {
                 let source = self.source(hk);
                 let (k_rows, v_rows) = source.block(&mut sc.kv, block.clone());
-                let group = Group {
-                    q: &sc.q[i * g * d..(i + 1) * g * d],
-                    o: &mut sc.o[i * g * dv..(i + 1) * g * dv],
-                    softmax: &mut sc.softmax[i],
-                    s: &mut sc.s,
-                    kt: &mut sc.kt,
-                };
-                group.block(p, block.len(), k_rows, v_rows);
+                // A group of more than 16 heads in parts of 16, each with its own state.
+                for (j, softmax) in sc.softmax[i * g.div_ceil(LANES)..]
+                    .iter_mut()
+                    .take(g.div_ceil(LANES))
+                    .enumerate()
+                {
+                    let rows = i * g + j * LANES..i * g + ((j + 1) * LANES).min(g);
+                    let group = Group {
+                        q: &sc.q[rows.start * d..rows.end * d],
+                        o: &mut sc.o[rows.start * dv..rows.end * dv],
+                        softmax,
+                        s: &mut sc.s,
+                        kt: &mut sc.kt,
+                    };
+                    group.block(p, block.len(), k_rows, v_rows);
+                }
             }
         }
     }
 
-    /// Writes the output rows (`sc.o` divided by the sums) and log-sum-exps of every group.
+    /// Each of the task's heads with its state: (head, its output rows' offset in `sc.o`, its
+    /// running maximum and sum), heads in order.
+    pub(super) fn heads(&self, sc: &Scratch) -> Vec<(usize, usize, f32, f32)> {
+        let (dv, g) = (self.p.head_dim_v, self.p.group());
+        let mut all = Vec::with_capacity(self.groups.len() * g);
+        for (i, hk) in self.groups.clone().enumerate() {
+            for r in 0..g {
+                let (max, sum) = sc.softmax[i * g.div_ceil(LANES) + r / LANES].max_sum();
+                let h = hk * g + r;
+                all.push((h, (i * g + r) * dv, max[r % LANES], sum[r % LANES]));
+            }
+        }
+        all
+    }
+
+    /// Writes the output rows (`sc.o` divided by the sums) and log-sum-exps of every head.
     pub(super) fn write(&self, sc: &Scratch, out: &SharedOut<'_, T>, lse: &SharedOut<'_, f32>) {
         let p = self.p;
-        let (dv, g) = (p.head_dim_v, p.group());
-        for (i, softmax) in sc.softmax.iter().enumerate() {
-            let (inv, lse_lanes) = softmax.finish();
-            for r in 0..g {
-                let h = (self.groups.start + i) * g + r;
-                let row = &sc.o[(i * g + r) * dv..(i * g + r + 1) * dv];
-                // SAFETY: out[b, 0, h, ..] and lse[b, h, 0] of the task's heads belong to it.
-                unsafe {
-                    out.write_f32_row(p.query_at(&out.layout, self.b, 0, h), row, inv[r]);
-                    lse.write_row(p.lse_at(self.b, h, 0), std::iter::once(lse_lanes[r]));
-                }
+        let dv = p.head_dim_v;
+        for (h, at, max, sum) in self.heads(sc) {
+            let (mut m16, mut s16) = ([f32::NEG_INFINITY; LANES], [0f32; LANES]);
+            (m16[0], s16[0]) = (max, sum);
+            let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+            // SAFETY: out[b, 0, h, ..] and lse[b, h, 0] of the task's heads belong to it.
+            unsafe {
+                out.write_f32_row(
+                    p.query_at(&out.layout, self.b, 0, h),
+                    &sc.o[at..at + dv],
+                    inv,
+                );
+                lse.write_row(
+                    p.lse_at(self.b, h, 0),
+                    std::iter::once(lane_lse(&m16, &s16)[0]),
+                );
             }
         }
     }
