@@ -21,15 +21,15 @@
 //! a task takes every group of its sequence, block by block, so that the groups read each block
 //! as one run of memory; with each head's rows apart (`[B, H, N, D]`), one group. When that
 //! leaves threads idle, the keys are split into runs whose partial results are combined after
-//! (the split-K of flash-decoding). Groups of more than 16 heads fill the panels' lanes already
-//! and stay with them, as do ALiBi and bias (a slope or a bias row per head) and value dims that
-//! are not a multiple of 16.
+//! (the split-K of flash-decoding). A group of more than 16 heads runs in parts of 16, each with
+//! its own softmax state (16 lanes). ALiBi and a bias (a slope or a bias row per head) and value
+//! dims that are not a multiple of 16 stay with the panels.
 //!
-//! Measured (2-core Zen 5 VM, 2 threads, f32, one query, D=128, fastest of 10 calls, µs, the
-//! panels with heads as lanes → these kernels, K/V `[B, N, H, D]` and `[B, H, N, D]`):
-//! 32 query heads on 8 key/value heads, 4096 keys: 1561 → 1014 and 1151 → 633; 32768 keys:
-//! 18117 → 13736 and 14168 → 9600; 32 heads without grouping (one query in 16 lanes before),
-//! 1024 keys: 1802 → 784 and 1673 → 469; 4096 keys: 7997 → 4756 and 8354 → 3046.
+//! Measured against the panels with a group's heads as lanes (2-core Zen 5 VM, 2 threads, f32,
+//! one query, D=128, fastest of 10 calls, interleaved runs; BENCHMARKS.md, seventeenth session):
+//! 32 query heads on 8 key/value heads, 32768 keys, K/V `[B, N, H, D]` 17.3–17.7 → 8.6 ms and
+//! `[B, H, N, D]` 13.6–14.0 → 7.2–7.4 ms; 32 heads without grouping, 4096 keys, 8.0–8.1 → 3.6–3.7
+//! ms and 8.1 → 2.8–2.9 ms; 8 heads on one, 32768 keys, 2.4–2.6 → 1.1–1.5 ms.
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -52,8 +52,8 @@ use step::{Scratch, Step};
 /// `64 × d` f32, 32 KiB at d = 128, for the panel kernels).
 const BLOCK: usize = 64;
 
-/// Fewest keys a task takes when a sequence's keys are split between tasks: below this the
-/// partial results cost more to combine than the split gains.
+/// Fewest keys a task takes when a sequence's keys are split between tasks, so that a run's
+/// partial result (`dv + 2` floats a head) stays small beside the K and V rows it reads.
 const MIN_SPLIT: usize = 1024;
 
 /// True when the forward runs as decoding steps here ([`run`]).
@@ -206,16 +206,26 @@ fn combine<T: CpuElement>(
                 *a += f * x;
             }
         }
-        let (mut m16, mut s16) = ([f32::NEG_INFINITY; LANES], [0f32; LANES]);
-        (m16[0], s16[0]) = (max, sum);
-        let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
-        // SAFETY: out[b, 0, h + r, ..] and lse[b, h + r, 0] belong to this group alone.
-        unsafe {
-            out.write_f32_row(p.query_at(&out.layout, b, 0, h + r), &o, inv);
-            lse.write_row(
-                p.lse_at(b, h + r, 0),
-                std::iter::once(lane_lse(&m16, &s16)[0]),
-            );
-        }
+        write_head(p, (out, lse), (b, h + r), &o, (max, sum));
+    }
+}
+
+/// Writes head `h` of sequence `b`: its output row (`o` divided by `sum`; 0 where no key was
+/// seen) and its log-sum-exp from the base-2 `max` and `sum`.
+fn write_head<T: CpuElement>(
+    p: &Problem,
+    (out, lse): (&SharedOut<'_, T>, &SharedOut<'_, f32>),
+    (b, h): (usize, usize),
+    o: &[f32],
+    (max, sum): (f32, f32),
+) {
+    let (mut m16, mut s16) = ([f32::NEG_INFINITY; LANES], [0f32; LANES]);
+    (m16[0], s16[0]) = (max, sum);
+    let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+    // SAFETY: out[b, 0, h, ..] and lse[b, h, 0] belong to the caller's task alone (a task's
+    // heads, or a split group's combination).
+    unsafe {
+        out.write_f32_row(p.query_at(&out.layout, b, 0, h), o, inv);
+        lse.write_row(p.lse_at(b, h, 0), std::iter::once(lane_lse(&m16, &s16)[0]));
     }
 }

@@ -3,14 +3,14 @@
 
 use std::ops::Range;
 
-use super::BLOCK;
 #[cfg(target_arch = "x86_64")]
 use super::avx512;
+use super::{BLOCK, write_head};
 use crate::cpu::SharedOut;
 use crate::cpu::exp::{LANES, exp2_shifted_sum};
 use crate::cpu::forward::Inputs;
 use crate::cpu::key_rows::{KeyRows, KeySource, PackedKeys};
-use crate::cpu::lanes::{lane_lse, lane_max};
+use crate::cpu::lanes::lane_max;
 use crate::cpu::matmul::Write;
 use crate::cpu::microkernel::{PairOffsets, PanelStrides, panels_product};
 use crate::cpu::online_softmax::PanelSoftmax;
@@ -123,24 +123,15 @@ impl<T: CpuElement> Step<'_, T> {
 
     /// Writes the output rows (`sc.o` divided by the sums) and log-sum-exps of every head.
     pub(super) fn write(&self, sc: &Scratch, out: &SharedOut<'_, T>, lse: &SharedOut<'_, f32>) {
-        let p = self.p;
-        let dv = p.head_dim_v;
+        let dv = self.p.head_dim_v;
         for (h, at, max, sum) in self.heads(sc) {
-            let (mut m16, mut s16) = ([f32::NEG_INFINITY; LANES], [0f32; LANES]);
-            (m16[0], s16[0]) = (max, sum);
-            let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
-            // SAFETY: out[b, 0, h, ..] and lse[b, h, 0] of the task's heads belong to it.
-            unsafe {
-                out.write_f32_row(
-                    p.query_at(&out.layout, self.b, 0, h),
-                    &sc.o[at..at + dv],
-                    inv,
-                );
-                lse.write_row(
-                    p.lse_at(self.b, h, 0),
-                    std::iter::once(lane_lse(&m16, &s16)[0]),
-                );
-            }
+            write_head(
+                self.p,
+                (out, lse),
+                (self.b, h),
+                &sc.o[at..at + dv],
+                (max, sum),
+            );
         }
     }
 
