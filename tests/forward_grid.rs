@@ -133,6 +133,10 @@ fn decode_group_kernels() {
             .heads(8, 2)
             .dtype(DType::BF16)
             .softcap(15.0),
+        // f16 and bf16 rows read in place, head dims ending in a partial vector.
+        Case::new(1, 70, 17).heads(4, 2).dtype(DType::BF16),
+        Case::new(1, 33, 100).heads(3, 1).dtype(DType::F16),
+        Case::new(1, 129, 1).heads(2, 2).dtype(DType::BF16).dv(32),
         Case::new(1, 333, 64)
             .heads(12, 4)
             .dtype(DType::F16)

@@ -1,11 +1,82 @@
 //! AVX-512F kernels of a decoding step: the scores as dot products (lanes along the head dim,
 //! 16 dot products reduced together by a tree of lane shuffles), and `O += P · V` with
-//! the value dims as lanes.
+//! the value dims as lanes. K and V rows are read in place in their own dtype and widened to f32
+//! as they are loaded.
 
 use std::arch::x86_64::*;
 
+use half::{bf16, f16};
+
 /// Lanes of a vector.
 const L: usize = 16;
+
+/// An element type the kernels read in place: 16 of them widened to f32.
+pub(super) trait Load: Copy {
+    /// The `n ≤ 16` elements at `p` as the first `n` lanes, zeros after.
+    ///
+    /// # Safety
+    /// AVX-512F must be available and `p..p + n` readable.
+    unsafe fn load(p: *const Self, n: usize) -> __m512;
+}
+
+/// The first `n ≤ 16` elements at `p` in a zero-padded copy of 16 (a row's last, short chunk).
+///
+/// # Safety
+/// `p..p + n` must be readable.
+unsafe fn padded<E: Copy + Default>(p: *const E, n: usize) -> [E; L] {
+    let mut a = [E::default(); L];
+    // SAFETY: the caller's contract; `a` holds 16.
+    unsafe { std::ptr::copy_nonoverlapping(p, a.as_mut_ptr(), n.min(L)) };
+    a
+}
+
+impl Load for f32 {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load(p: *const f32, n: usize) -> __m512 {
+        // SAFETY: 16 readable f32, or the n under the mask.
+        unsafe {
+            if n >= L {
+                _mm512_loadu_ps(p)
+            } else {
+                _mm512_maskz_loadu_ps((1 << n) - 1, p)
+            }
+        }
+    }
+}
+
+impl Load for bf16 {
+    /// A bf16 is the upper half of the f32 of the same value.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load(p: *const bf16, n: usize) -> __m512 {
+        // SAFETY: 16 readable bf16 (32 bytes), or a padded copy of the n that are.
+        let raw = unsafe {
+            if n >= L {
+                _mm256_loadu_si256(p.cast())
+            } else {
+                _mm256_loadu_si256(padded(p, n).as_ptr().cast())
+            }
+        };
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(raw)))
+    }
+}
+
+impl Load for f16 {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load(p: *const f16, n: usize) -> __m512 {
+        // SAFETY: as for bf16.
+        let raw = unsafe {
+            if n >= L {
+                _mm256_loadu_si256(p.cast())
+            } else {
+                _mm256_loadu_si256(padded(p, n).as_ptr().cast())
+            }
+        };
+        _mm512_cvtph_ps(raw)
+    }
+}
 
 /// Where the score of (head `g`, key `kk`) of a pass over `16 / HP` keys and `HP` heads leaves
 /// the reduction tree of [`reduce16`]: lane `(16 / HP)·g + kk`, which the tree fills from
@@ -58,16 +129,14 @@ fn reduce16(acc: [__m512; 16]) -> __m512 {
 /// rows of `d` at stride `k_rs`, and `s` `HP` rows at stride `s_rs` of at least `n` rounded up
 /// to `16 / HP`.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn scores<const HP: usize>(
+pub(super) unsafe fn scores<const HP: usize, E: Load>(
     (q, q_rs): (*const f32, usize),
-    (k, k_rs): (*const f32, usize),
+    (k, k_rs): (*const E, usize),
     (s, s_rs): (*mut f32, usize),
     d: usize,
     n: usize,
 ) {
     let keys = L / HP;
-    let tail = d % L;
-    let last: __mmask16 = if tail == 0 { !0 } else { (1 << tail) - 1 };
     let chunks = d.div_ceil(L);
     for j0 in (0..n).step_by(keys) {
         // Keys past n repeat the group's first row (read, never stored past the row's end).
@@ -78,14 +147,13 @@ pub(super) unsafe fn scores<const HP: usize>(
         };
         let mut acc = [_mm512_setzero_ps(); L];
         for c in 0..chunks {
-            let mask = if c + 1 == chunks { last } else { !0 };
-            // SAFETY: lanes of chunk c under `mask` lie inside each row of d.
-            let qv: [__m512; HP] = std::array::from_fn(|g| unsafe {
-                _mm512_maskz_loadu_ps(mask, q.add(g * q_rs + c * L))
-            });
+            let width = d - c * L;
+            // SAFETY: the first min(width, 16) elements of chunk c lie inside each row of d.
+            let qv: [__m512; HP] =
+                std::array::from_fn(|g| unsafe { f32::load(q.add(g * q_rs + c * L), width) });
             for kk in 0..keys {
                 // SAFETY: as above, for a row of K.
-                let kv = unsafe { _mm512_maskz_loadu_ps(mask, row(kk).add(c * L)) };
+                let kv = unsafe { E::load(row(kk).add(c * L), width) };
                 for (g, qv) in qv.iter().enumerate() {
                     let a = slot::<HP>(g, kk);
                     acc[a] = _mm512_fmadd_ps(*qv, kv, acc[a]);
@@ -117,10 +185,10 @@ pub(super) unsafe fn scores<const HP: usize>(
 /// AVX-512F must be available; `o` must hold `GH` writable rows of `16·CW` at stride `o_rs`,
 /// `p` `GH` rows of `n` at stride `p_rs`, `v` `n` rows of `16·CW` at stride `v_rs`.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn accumulate<const GH: usize, const CW: usize>(
+pub(super) unsafe fn accumulate<const GH: usize, const CW: usize, E: Load>(
     (o, o_rs): (*mut f32, usize),
     (p, p_rs): (*const f32, usize),
-    (v, v_rs): (*const f32, usize),
+    (v, v_rs): (*const E, usize),
     n: usize,
 ) {
     // SAFETY: rows g < GH of o hold 16·CW values (the caller's contract).
@@ -130,8 +198,7 @@ pub(super) unsafe fn accumulate<const GH: usize, const CW: usize>(
     for j in 0..n {
         // SAFETY: row j < n of v holds 16·CW values, row g < GH of p n values.
         unsafe {
-            let vv: [__m512; CW] =
-                std::array::from_fn(|c| _mm512_loadu_ps(v.add(j * v_rs + c * L)));
+            let vv: [__m512; CW] = std::array::from_fn(|c| E::load(v.add(j * v_rs + c * L), L));
             for (g, acc) in acc.iter_mut().enumerate() {
                 let pb = _mm512_set1_ps(*p.add(g * p_rs + j));
                 for (a, x) in acc.iter_mut().zip(&vv) {
