@@ -5,17 +5,18 @@
 //! per element read, so it is bound by memory, not by the FMA units: the rate reported is the
 //! K and V bytes over the time of a call, and the ceiling is a vectorized sum of a 256 MiB f32
 //! buffer on all rayon threads (far beyond any cache), measured before and after the steps; the
-//! higher rate is used. Shapes: f32, B=1, one query, D=128, with 32 query heads on 8 key/value
-//! heads (GQA), on 32 (MHA) and 8 on 1 (MQA), 4096 and 32768 keys, K/V stored `[B, N, H, D]`
-//! (rows of all heads interleaved, a KV cache appended to in place) and `[B, H, N, D]` (each
-//! head's rows contiguous). The summary gives GB/s and the percentage of the read rate from the
-//! fastest of criterion's samples and [from the median sample].
+//! higher rate is used. Shapes: f32 (and bf16 for the long GQA step), B=1, one query, D=128,
+//! with 32 query heads on 8 key/value heads (GQA), on 32 (MHA) and 8 on 1 (MQA), 4096 and 32768
+//! keys, K/V stored `[B, N, H, D]` (rows of all heads interleaved, a KV cache appended to in
+//! place) and `[B, H, N, D]` (each head's rows contiguous). The summary gives GB/s and the
+//! percentage of the read rate from the fastest of criterion's samples and [from the median
+//! sample].
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use flashattn::{AttentionParams, Tensor, forward};
+use flashattn::{AttentionParams, DType, Tensor, forward};
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use rayon::prelude::*;
 
@@ -60,18 +61,18 @@ fn sweep(x: &[f32]) -> f32 {
         .sum()
 }
 
-/// Random `[1, n, heads, d]` values, stored in that order or as `[1, heads, n, d]`.
-fn cache(rng: &mut StdRng, n: usize, heads: usize, heads_major: bool) -> Tensor {
+/// Random `[1, n, heads, d]` values of `dtype`, stored in that order or as `[1, heads, n, d]`.
+fn cache(rng: &mut StdRng, n: usize, heads: usize, heads_major: bool, dtype: DType) -> Tensor {
     let data: Vec<f32> = (0..n * heads * HEAD_DIM)
         .map(|_| rng.random_range(-1.0f32..1.0))
         .collect();
-    if heads_major {
-        Tensor::from_vec(data, &[1, heads, n, HEAD_DIM])
-            .and_then(|t| t.transpose(1, 2))
-            .expect("shape matches data")
+    let t = if heads_major {
+        Tensor::from_vec(data, &[1, heads, n, HEAD_DIM]).and_then(|t| t.transpose(1, 2))
     } else {
-        Tensor::from_vec(data, &[1, n, heads, HEAD_DIM]).expect("shape matches data")
-    }
+        Tensor::from_vec(data, &[1, n, heads, HEAD_DIM])
+    };
+    t.and_then(|t| t.to_dtype(dtype))
+        .expect("shape matches data")
 }
 
 fn main() {
@@ -101,30 +102,34 @@ fn main() {
 
     let mut results = Vec::new();
     let mut g = c.benchmark_group("decode");
-    for (heads, heads_kv) in [(32, 8), (32, 32), (8, 1)] {
-        for keys in [4096, 32768] {
-            if heads_kv == 32 && keys > 4096 {
-                continue;
-            }
-            let q = cache(&mut rng, 1, heads, false);
-            for heads_major in [false, true] {
-                let k = cache(&mut rng, keys, heads_kv, heads_major);
-                let v = cache(&mut rng, keys, heads_kv, heads_major);
-                let params = AttentionParams::default().causal();
-                let layout = if heads_major { "BHND" } else { "BNHD" };
-                let label = format!("H={heads}/Hkv={heads_kv}/N={keys}/{layout}");
-                let bytes = (2 * keys * heads_kv * HEAD_DIM * size_of::<f32>()) as f64;
-                let samples = Samples::default();
-                g.throughput(Throughput::Bytes(bytes as u64));
-                g.bench_function(BenchmarkId::from_parameter(&label), |bench| {
-                    bench.iter_custom(|iters| {
-                        timed(&samples, iters, || {
-                            black_box(forward(&q, &k, &v, &params).expect("forward"));
-                        })
+    // (query heads, key/value heads, keys, dtype of q, K and V).
+    let steps = [
+        (32, 8, 4096, DType::F32),
+        (32, 8, 32768, DType::F32),
+        (32, 8, 32768, DType::BF16),
+        (32, 32, 4096, DType::F32),
+        (8, 1, 4096, DType::F32),
+        (8, 1, 32768, DType::F32),
+    ];
+    for (heads, heads_kv, keys, dtype) in steps {
+        let q = cache(&mut rng, 1, heads, false, dtype);
+        for heads_major in [false, true] {
+            let k = cache(&mut rng, keys, heads_kv, heads_major, dtype);
+            let v = cache(&mut rng, keys, heads_kv, heads_major, dtype);
+            let params = AttentionParams::default().causal();
+            let layout = if heads_major { "BHND" } else { "BNHD" };
+            let label = format!("{dtype}/H={heads}/Hkv={heads_kv}/N={keys}/{layout}");
+            let bytes = (2 * keys * heads_kv * HEAD_DIM * dtype.size_in_bytes()) as f64;
+            let samples = Samples::default();
+            g.throughput(Throughput::Bytes(bytes as u64));
+            g.bench_function(BenchmarkId::from_parameter(&label), |bench| {
+                bench.iter_custom(|iters| {
+                    timed(&samples, iters, || {
+                        black_box(forward(&q, &k, &v, &params).expect("forward"));
                     })
-                });
-                results.push((label, bytes, samples));
-            }
+                })
+            });
+            results.push((label, bytes, samples));
         }
     }
     g.finish();
@@ -155,7 +160,7 @@ fn main() {
             let r = rates(samples, *bytes);
             println!(
                 "  {:<48} {:>6.1} GB/s {:>5.1}%   [{:.1} {:.1}%]",
-                format!("decode f32 D={HEAD_DIM} {label}"),
+                format!("decode D={HEAD_DIM} {label}"),
                 r.0 / 1e9,
                 100.0 * r.0 / ceiling.0,
                 r.1 / 1e9,
