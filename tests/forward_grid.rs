@@ -146,6 +146,29 @@ fn decode_group_kernels() {
         Case::new(1, 1, 48)
             .heads(6, 2)
             .varlen(&[(1, 90), (1, 0), (0, 5), (1, 65)]),
+        // ALiBi (per head, per sequence and head) and biases broadcast in every way, with
+        // softcap, and split over keys.
+        Case::new(1, 300, 64)
+            .heads(8, 2)
+            .alibi(common::Alibi::PerHead),
+        Case::new(1, 200, 32)
+            .batch(3)
+            .heads(4, 4)
+            .alibi(common::Alibi::PerBatchHead)
+            .softcap(20.0),
+        Case::new(1, 150, 64)
+            .heads(6, 3)
+            .bias([false, true, true, true]),
+        Case::new(1, 130, 48)
+            .batch(2)
+            .heads(4, 1)
+            .dtype(DType::BF16)
+            .bias([true, true, false, true])
+            .window(Some(90), Some(0)),
+        Case::new(1, 2500, 64)
+            .heads(8, 4)
+            .alibi(common::Alibi::PerHead)
+            .bias([true, false, true, true]),
         // Few groups for the threads: keys split between tasks and the runs combined.
         Case::new(1, 5000, 64).heads(4, 1),
         Case::new(1, 5000, 64).heads(8, 4),

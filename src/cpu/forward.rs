@@ -2,10 +2,9 @@
 //!
 //! One rayon task per (sequence, query head, block of `block_q` queries) owns those rows of the
 //! output. A decoding step (one query a sequence) runs as a matrix-vector product instead, the
-//! query heads of a group as its rows (`decode`), when the value dims are a multiple of 16 and
-//! there is no ALiBi or bias; otherwise one task per (sequence, key/value head) takes the query
-//! of each head of its group as a panel's lanes and reads the group's K and V once (see
-//! `heads_per_task`). A task packs its queries once as `Qᵀ` panels (`d × 16`, f32, times
+//! query heads of a group as its rows (`decode`), when the value dims are a multiple of 16;
+//! otherwise one task per (sequence, key/value head) takes the query of each head of its group
+//! as a panel's lanes and reads the group's K and V once (see `heads_per_task`). A task packs its queries once as `Qᵀ` panels (`d × 16`, f32, times
 //! `scale · log2(e)` so the softmax runs in base 2), then walks only the key blocks its rows can
 //! see (`Mask::key_range_for_rows`). Per key block and pair of panels:
 //!

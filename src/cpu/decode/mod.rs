@@ -11,7 +11,7 @@
 //!                                          a time, reduced by a shuffle tree (`avx512`);
 //!                                          otherwise K transposed into panels of 16 keys
 //!                                          and the panel microkernel, heads as its rows
-//!      (softcap)
+//!      (softcap, ALiBi, bias)
 //! m  = online softmax      per head        rescales the rows of O when a maximum moves
 //! O += P · V               heads × dv      value dims as lanes, V rows in place
 //! ```
@@ -22,8 +22,8 @@
 //! as one run of memory; with each head's rows apart (`[B, H, N, D]`), one group. When that
 //! leaves threads idle, the keys are split into runs whose partial results are combined after
 //! (the split-K of flash-decoding). A group of more than 16 heads runs in parts of 16, each with
-//! its own softmax state (16 lanes). ALiBi and a bias (a slope or a bias row per head) and value
-//! dims that are not a multiple of 16 stay with the panels.
+//! its own softmax state (16 lanes). Softcap, ALiBi and a bias apply to each head's row of
+//! scores. Value dims that are not a multiple of 16 stay with the panels.
 //!
 //! Measured against the panels with a group's heads as lanes (2-core Zen 5 VM, 2 threads, f32,
 //! one query, D=128, fastest of 10 calls, interleaved runs; BENCHMARKS.md, seventeenth session):
@@ -58,7 +58,7 @@ const MIN_SPLIT: usize = 1024;
 
 /// True when the forward runs as decoding steps here ([`run`]).
 pub(crate) fn applies(p: &Problem) -> bool {
-    p.max_nq <= 1 && p.alibi.is_none() && p.bias.is_none() && p.head_dim_v.is_multiple_of(LANES)
+    p.max_nq <= 1 && p.head_dim_v.is_multiple_of(LANES)
 }
 
 thread_local! {

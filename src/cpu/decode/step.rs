@@ -14,6 +14,7 @@ use crate::cpu::lanes::lane_max;
 use crate::cpu::matmul::Write;
 use crate::cpu::microkernel::{PairOffsets, PanelStrides, panels_product};
 use crate::cpu::online_softmax::PanelSoftmax;
+use crate::cpu::score_mods::sub_alibi;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::simd::{Simd, cpu_simd};
 use crate::cpu::softcap::softcap;
@@ -59,10 +60,12 @@ impl<T: CpuElement> Step<'_, T> {
         let p = self.p;
         let (d, dv, g) = (p.head_dim, p.head_dim_v, p.group());
         let heads = self.groups.len() * g;
-        // Without softcap, log2(e) rides on Q (as in the panels); with it, it comes after.
-        let scale = match p.softcap {
-            Some(_) => p.scale,
-            None => p.scale * std::f32::consts::LOG2_E,
+        // Without score options, log2(e) rides on Q (as in the panels); with them, it comes
+        // after them (`Group::mods`).
+        let scale = if has_mods(p) {
+            p.scale
+        } else {
+            p.scale * std::f32::consts::LOG2_E
         };
         sc.q.resize(heads * d, 0.0);
         for (r, row) in sc.q.chunks_exact_mut(d).enumerate() {
@@ -110,7 +113,15 @@ impl<T: CpuElement> Step<'_, T> {
                         s: &mut sc.s,
                         kt: &mut sc.kt,
                     };
-                    group.block(p, block.len(), rows);
+                    let heads =
+                        self.groups.start * g + part.start..self.groups.start * g + part.end;
+                    let at = Place {
+                        b: self.b,
+                        heads,
+                        keys: block.clone(),
+                        bias: self.x.bias,
+                    };
+                    group.block(p, &at, rows);
                 }
             }
         }
@@ -192,10 +203,47 @@ struct Group<'s> {
     kt: &'s mut [f32],
 }
 
+/// Where a group's block lies: sequence `b`, query heads `heads`, keys `keys`, and the f32 bias
+/// buffer when there is one.
+struct Place<'a> {
+    b: usize,
+    heads: Range<usize>,
+    keys: Range<usize>,
+    bias: Option<&'a [f32]>,
+}
+
+/// True when the scores take a per-element step (softcap, ALiBi, bias) before the softmax.
+fn has_mods(p: &Problem) -> bool {
+    p.softcap.is_some() || p.alibi.is_some() || p.bias.is_some()
+}
+
+/// Softcap, ALiBi and bias on the scores of head `h` for the keys of `at` (`row`), then the
+/// change to base 2, in the documented order. The step's one query sits at key `nk − nq` (the
+/// bottom-right alignment with `nq = 1`).
+fn mods(p: &Problem, at: &Place<'_>, h: usize, row: &mut [f32]) {
+    if let Some(cap) = p.softcap {
+        softcap(row, cap, None);
+    }
+    let slope = p.slope(at.b, h);
+    if slope != 0.0 {
+        let seq = &p.seqs[at.b];
+        let diag = seq.nk as i64 - seq.nq as i64;
+        sub_alibi(row, slope, diag - at.keys.start as i64, -1);
+    }
+    if let (Some(data), Some((_, layout))) = (at.bias, &p.bias) {
+        let first = p.bias_row_at(layout, at.b, h, 0);
+        let step = layout.strides[3];
+        for (x, j) in row.iter_mut().zip(at.keys.clone()) {
+            *x += data[first + j * step];
+        }
+    }
+    row.iter_mut().for_each(|x| *x *= std::f32::consts::LOG2_E);
+}
+
 impl Group<'_> {
-    /// Folds `n` keys (`rows`) into the softmax state and `O`.
-    fn block(self, p: &Problem, n: usize, rows: Rows<'_>) {
-        let (d, dv) = (p.head_dim, p.head_dim_v);
+    /// Folds the keys of `at` (`rows`) into the softmax state and `O`.
+    fn block(self, p: &Problem, at: &Place<'_>, rows: Rows<'_>) {
+        let (d, dv, n) = (p.head_dim, p.head_dim_v, at.keys.len());
         #[cfg(target_arch = "x86_64")]
         let wide = cpu_simd() == Simd::Avx512;
         match rows {
@@ -209,12 +257,14 @@ impl Group<'_> {
         }
         let width = n.next_multiple_of(LANES);
         let mut tile_max = [f32::NEG_INFINITY; LANES];
-        for (row, m) in self.s.chunks_exact_mut(BLOCK).zip(&mut tile_max) {
-            if let Some(cap) = p.softcap {
-                softcap(&mut row[..n], cap, None);
-                row[..n]
-                    .iter_mut()
-                    .for_each(|x| *x *= std::f32::consts::LOG2_E);
+        for ((row, m), h) in self
+            .s
+            .chunks_exact_mut(BLOCK)
+            .zip(&mut tile_max)
+            .zip(at.heads.clone())
+        {
+            if has_mods(p) {
+                mods(p, at, h, &mut row[..n]);
             }
             row[n..width].fill(f32::NEG_INFINITY);
             *m = lane_max(&row[..width])
