@@ -273,7 +273,12 @@ impl Group<'_> {
         }
         let shift = self.softmax.rescale_rows(tile_max, self.o, dv);
         let mut sums = [0f32; LANES];
-        for (r, row) in self.s.chunks_exact_mut(BLOCK).enumerate() {
+        for (r, row) in self
+            .s
+            .chunks_exact_mut(BLOCK)
+            .take(at.heads.len())
+            .enumerate()
+        {
             sums[r] = exp2_shifted_sum(&mut row[..n], shift[r]);
         }
         self.softmax.add_sums(&sums);
