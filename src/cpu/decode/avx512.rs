@@ -19,15 +19,23 @@ pub(super) trait Load: Copy {
     unsafe fn load(p: *const Self, n: usize) -> __m512;
 }
 
-/// The first `n ≤ 16` elements at `p` in a zero-padded copy of 16 (a row's last, short chunk).
+/// 16 two-byte elements (f16 or bf16 bits) at `p` as 16-bit lanes: loaded directly when `n ≥ 16` are readable,
+/// else the first `n` from a zero-padded copy (a row's last, short chunk).
 ///
 /// # Safety
-/// `p..p + n` must be readable.
-unsafe fn padded<E: Copy + Default>(p: *const E, n: usize) -> [E; L] {
-    let mut a = [E::default(); L];
-    // SAFETY: the caller's contract; `a` holds 16.
-    unsafe { std::ptr::copy_nonoverlapping(p, a.as_mut_ptr(), n.min(L)) };
-    a
+/// AVX-512F must be available and `p..p + min(n, 16)` readable.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn halves(p: *const u16, n: usize) -> __m256i {
+    // SAFETY: the caller's contract; `a` holds 16 elements of 2 bytes.
+    unsafe {
+        if n >= L {
+            return _mm256_loadu_si256(p.cast());
+        }
+        let mut a = [0u16; L];
+        std::ptr::copy_nonoverlapping(p, a.as_mut_ptr(), n);
+        _mm256_loadu_si256(a.as_ptr().cast())
+    }
 }
 
 impl Load for f32 {
@@ -50,14 +58,8 @@ impl Load for bf16 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn load(p: *const bf16, n: usize) -> __m512 {
-        // SAFETY: 16 readable bf16 (32 bytes), or a padded copy of the n that are.
-        let raw = unsafe {
-            if n >= L {
-                _mm256_loadu_si256(p.cast())
-            } else {
-                _mm256_loadu_si256(padded(p, n).as_ptr().cast())
-            }
-        };
+        // SAFETY: the caller's contract.
+        let raw = unsafe { halves(p.cast(), n) };
         _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(raw)))
     }
 }
@@ -66,15 +68,8 @@ impl Load for f16 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn load(p: *const f16, n: usize) -> __m512 {
-        // SAFETY: as for bf16.
-        let raw = unsafe {
-            if n >= L {
-                _mm256_loadu_si256(p.cast())
-            } else {
-                _mm256_loadu_si256(padded(p, n).as_ptr().cast())
-            }
-        };
-        _mm512_cvtph_ps(raw)
+        // SAFETY: the caller's contract.
+        _mm512_cvtph_ps(unsafe { halves(p.cast(), n) })
     }
 }
 
