@@ -169,6 +169,15 @@ fn decode_group_kernels() {
             .heads(8, 4)
             .alibi(common::Alibi::PerHead)
             .bias([true, false, true, true]),
+        // Value dims that are not a multiple of 16 (padded rows).
+        Case::new(1, 200, 64).heads(8, 2).dv(8),
+        Case::new(1, 90, 17).heads(6, 3).dv(40).dtype(DType::BF16),
+        Case::new(1, 100, 1)
+            .heads(3, 1)
+            .dv(17)
+            .dtype(DType::F16)
+            .layout(Layout::Bhnd),
+        Case::new(1, 2500, 33).heads(4, 1).dv(1),
         // Few groups for the threads: keys split between tasks and the runs combined.
         Case::new(1, 5000, 64).heads(4, 1),
         Case::new(1, 5000, 64).heads(8, 4),

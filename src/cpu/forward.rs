@@ -1,12 +1,10 @@
 //! CPU forward: FlashAttention over Br×Bc tiles, kept transposed in panels of 16 queries.
 //!
 //! One rayon task per (sequence, query head, block of `block_q` queries) owns those rows of the
-//! output. A decoding step (one query a sequence) runs as a matrix-vector product instead, the
-//! query heads of a group as its rows (`decode`), when the value dims are a multiple of 16;
-//! otherwise one task per (sequence, key/value head) takes the query of each head of its group
-//! as a panel's lanes and reads the group's K and V once (see `heads_per_task`). A task packs its queries once as `Qᵀ` panels (`d × 16`, f32, times
-//! `scale · log2(e)` so the softmax runs in base 2), then walks only the key blocks its rows can
-//! see (`Mask::key_range_for_rows`). Per key block and pair of panels:
+//! output; a decoding step (one query a sequence) runs as a matrix-vector product instead, the
+//! query heads of a group as its rows (`decode`). A task packs its queries once as `Qᵀ` panels
+//! (`d × 16`, f32, times `scale · log2(e)` so the softmax runs in base 2), then walks only the
+//! key blocks its rows can see (`Mask::key_range_for_rows`). Per key block and pair of panels:
 //!
 //! ```text
 //! Sᵀ  = K · Qᵀ            keys × 16 (×2)  microkernel, K rows read in place
@@ -91,31 +89,13 @@ struct LaneRows {
     count: usize,
 }
 
-/// What one task works on: a block of queries of one (sequence, query head), or the one query
-/// of `heads` query heads that share a key/value head (see [`heads_per_task`]).
+/// What one task works on: a block of queries of one (sequence, query head).
 #[derive(Clone, Copy, Debug)]
 struct Task {
     b: usize,
-    /// The (first) query head.
     h: usize,
     /// First query row (within the sequence).
     q0: usize,
-    heads: usize,
-}
-
-/// How many query heads one task takes, as the lanes of its panels: the whole group of a
-/// key/value head in a decoding step (every sequence has at most one query) that the `decode`
-/// module does not take (value dims not a multiple of 16) when no option differs between heads
-/// (ALiBi's slopes, a bias); otherwise 1, and the lanes are queries. With lanes as queries a
-/// single query leaves 15 of a panel's 16 lanes empty, and every query head of a group reads
-/// the group's K and V again: f32, B=1, H=32, 8 key/value heads, D=128, one query, 4096 keys,
-/// 2 threads, 6.6 ms a call (5 GB/s of K and V).
-fn heads_per_task(p: &Problem) -> usize {
-    if p.max_nq <= 1 && p.alibi.is_none() && p.bias.is_none() {
-        p.group()
-    } else {
-        1
-    }
 }
 
 pub(crate) fn run<T: CpuElement>(
@@ -135,16 +115,14 @@ pub(crate) fn run<T: CpuElement>(
         ([p.k.row, p.v.row], T::as_f32_slice(x.k).is_some()),
         rows / rayon::current_num_threads(),
     );
-    let heads = heads_per_task(p);
     let mut tasks: Vec<Task> = (0..p.batch)
         .flat_map(|b| {
             let blocks = p.seqs[b].nq.div_ceil(tiles.block_q);
-            (0..p.heads_q).step_by(heads).flat_map(move |h| {
+            (0..p.heads_q).flat_map(move |h| {
                 (0..blocks).map(move |t| Task {
                     b,
                     h,
                     q0: t * tiles.block_q,
-                    heads,
                 })
             })
         })
@@ -173,7 +151,6 @@ pub(crate) fn run<T: CpuElement>(
             h: task.h,
             hk: p.kv_head(task.h),
             rows: task.q0..(task.q0 + tiles.block_q).min(p.seqs[task.b].nq),
-            heads: task.heads,
             mask: p.mask(task.b),
             mods: ScoreMods::new(p, x.bias, task.b, task.h),
             call,
@@ -207,8 +184,6 @@ struct TaskCtx<'a, T> {
     hk: usize,
     /// The task's queries (sequence positions).
     rows: Range<usize>,
-    /// Query heads `h..h + heads` (more than 1: the lanes are heads, `rows` one query).
-    heads: usize,
     mask: Mask,
     mods: ScoreMods<'a>,
     /// This call's number, telling its kept key rows from another call's.
@@ -219,7 +194,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
     fn run(&self, sc: &mut Scratch, out: &SharedOut<'_, T>, lse: &SharedOut<'_, f32>) {
         let (p, b) = (self.p, self.b);
         let (d, dv) = (p.head_dim, p.head_dim_v);
-        let panels = self.lanes().div_ceil(LANES);
+        let panels = self.rows.len().div_ceil(LANES);
         self.pack_queries(sc, panels);
         sc.panels.ot.clear();
         sc.panels.ot.resize(panels * dv * LANES, 0.0);
@@ -235,9 +210,6 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             k0 = block.end;
             if self.mask.tile_is_empty(self.rows.clone(), block.clone()) {
                 continue;
-            }
-            if self.heads > 1 {
-                source.prefetch(k0..(k0 + self.tiles.block_k).min(keys.end));
             }
             let (k_rows, v_rows) = source.block(&mut sc.kv, block.clone());
             for first in (0..panels).step_by(2) {
@@ -287,48 +259,24 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         }
     }
 
-    /// How many lanes the task's panels fill: its queries, or its heads.
-    fn lanes(&self) -> usize {
-        if self.heads > 1 {
-            self.heads
-        } else {
-            self.rows.len()
-        }
-    }
-
     /// The query (sequence position) and query head of lane `l` of panel `panel`.
     fn lane(&self, panel: usize, l: usize) -> (usize, usize) {
-        if self.heads > 1 {
-            (self.rows.start, self.h + panel * LANES + l)
-        } else {
-            (self.rows.start + panel * LANES + l, self.h)
-        }
+        (self.rows.start + panel * LANES + l, self.h)
     }
 
-    /// Where the rows of panel `panel`'s lanes lie in a query-shaped operand of layout `layout`
-    /// (q, out): the first row's element index and the stride from lane to lane (the row stride
-    /// for lanes of queries, the head stride for lanes of heads).
+    /// Where the rows of panel `panel`'s queries lie in a query-shaped operand of layout
+    /// `layout` (q, out): the first row's element index and the stride from row to row.
     fn lane_rows(&self, layout: &RowLayout, panel: usize) -> LaneRows {
-        let count = self.lanes().min((panel + 1) * LANES) - panel * LANES;
-        let (i, h) = self.lane(panel, 0);
-        let stride = if self.heads > 1 {
-            layout.head
-        } else {
-            layout.row
-        };
+        let queries = self.panel_queries(panel);
         LaneRows {
-            at: self.p.query_at(layout, self.b, i, h),
-            stride,
-            count,
+            at: self.p.query_at(layout, self.b, queries.start, self.h),
+            stride: layout.row,
+            count: queries.len(),
         }
     }
 
-    /// Queries (sequence positions) of panel `panel`, for its mask and score options: with
-    /// lanes of heads, every lane has the task's one query.
+    /// Queries (sequence positions) of panel `panel`.
     fn panel_queries(&self, panel: usize) -> Range<usize> {
-        if self.heads > 1 {
-            return self.rows.clone();
-        }
         let q0 = self.rows.start + panel * LANES;
         q0..(q0 + LANES).min(self.rows.end)
     }
@@ -531,10 +479,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             v: self.x.v,
             b: self.b,
             hk: self.hk,
-            // A task whose lanes are heads makes one pass over each key block: reading in place
-            // beats packing rows for it (f32, H=32, 8 key/value heads, D=128, one query, 4096
-            // keys, 2 threads: 2960 → 2049 µs).
-            in_place: !self.tiles.pack_kv || self.heads > 1,
+            in_place: !self.tiles.pack_kv,
             keep: self.tiles.keep_kv,
             call: self.call,
         }

@@ -112,11 +112,11 @@ impl<T: CpuElement> KeySource<'_, T> {
         )
     }
 
-    /// Asks for the K and V rows of keys `keys` to be brought into L2, for a task whose lanes
-    /// are heads: it makes a single pass of one or two panels over each key block, too short for
-    /// rows that lie a page apart (8 key/value heads of 128 dims) to arrive before they are
-    /// used (f32, H=32, D=128, one query, 4096 keys, 2 threads: 2049 → 1838 µs; bf16 2116 →
-    /// 1560).
+    /// Asks for the K and V rows of keys `keys` to be brought into L2, for a decoding step's next
+    /// block: it makes a single short pass over each key block, too short for rows that lie a
+    /// page apart (8 key/value heads of 128 dims) to arrive before they are used (measured with
+    /// the panels of heads that preceded the `decode` module: f32, H=32, D=128, one query, 4096
+    /// keys, 2 threads: 2049 → 1838 µs; bf16 2116 → 1560).
     pub(super) fn prefetch(&self, keys: Range<usize>) {
         let (p, b, hk) = (self.p, self.b, self.hk);
         for (buf, at, stride, width) in [

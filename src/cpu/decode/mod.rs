@@ -23,7 +23,8 @@
 //! leaves threads idle, the keys are split into runs whose partial results are combined after
 //! (the split-K of flash-decoding). A group of more than 16 heads runs in parts of 16, each with
 //! its own softmax state (16 lanes). Softcap, ALiBi and a bias apply to each head's row of
-//! scores. Value dims that are not a multiple of 16 stay with the panels.
+//! scores. Value dims that are not a multiple of 16 are padded: `O`'s rows are whole vectors,
+//! and V's block is copied into such rows.
 //!
 //! Measured against the panels with a group's heads as lanes (2-core Zen 5 VM, 2 threads, f32,
 //! one query, D=128, fastest of 10 calls, interleaved runs; BENCHMARKS.md, seventeenth session):
@@ -58,7 +59,7 @@ const MIN_SPLIT: usize = 1024;
 
 /// True when the forward runs as decoding steps here ([`run`]).
 pub(crate) fn applies(p: &Problem) -> bool {
-    p.max_nq <= 1 && p.head_dim_v.is_multiple_of(LANES)
+    p.max_nq <= 1
 }
 
 thread_local! {

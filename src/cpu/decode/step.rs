@@ -35,12 +35,20 @@ pub(super) struct Scratch {
     kt: Vec<f32>,
     /// One group's scores, then probabilities: `group × BLOCK`.
     s: Vec<f32>,
-    /// The output accumulator, `groups × group × dv`, unnormalized.
+    /// The output accumulator, `groups × group × dvp` ([`padded_dv`]), unnormalized.
     pub(super) o: Vec<f32>,
     /// Each group's running maxima and sums, its heads as lanes.
     pub(super) softmax: Vec<PanelSoftmax>,
     /// K and V rows converted to f32 (f16 and bf16 inputs).
     kv: PackedKeys,
+    /// V's block in rows of `dvp` f32, zero past `dv`, when `dv` is not a multiple of 16.
+    v: Vec<f32>,
+}
+
+/// The width of a row of `O` and of the V rows the kernels read: the value dims rounded up to
+/// a whole vector of 16 (V's block copied into such rows when they differ).
+pub(super) fn padded_dv(p: &Problem) -> usize {
+    p.head_dim_v.next_multiple_of(LANES)
 }
 
 /// The query of sequence `b` in the heads of key/value heads `groups`, against keys `keys`.
@@ -58,7 +66,7 @@ impl<T: CpuElement> Step<'_, T> {
     /// (`[B, N, H, D]`), the groups together read each block's rows as one contiguous run.
     pub(super) fn run(&self, sc: &mut Scratch) {
         let p = self.p;
-        let (d, dv, g) = (p.head_dim, p.head_dim_v, p.group());
+        let (d, dv, g) = (p.head_dim, padded_dv(p), p.group());
         let heads = self.groups.len() * g;
         // Without score options, log2(e) rides on Q (as in the panels); with them, it comes
         // after them (`Group::mods`).
@@ -96,7 +104,12 @@ impl<T: CpuElement> Step<'_, T> {
                     Some(rows) => rows,
                     None => {
                         let (k, v) = source.block(&mut sc.kv, block.clone());
-                        Rows::F32(Raw::of(k), Raw::of(v))
+                        let v = if dv == p.head_dim_v {
+                            Raw::of(v)
+                        } else {
+                            self.padded_v(&mut sc.v, hk, block.clone())
+                        };
+                        Rows::F32(Raw::of(k), v)
                     }
                 };
                 // A group of more than 16 heads in parts of 16, each with its own state.
@@ -130,7 +143,7 @@ impl<T: CpuElement> Step<'_, T> {
     /// Each of the task's heads with its state: (head, its output rows' offset in `sc.o`, its
     /// running maximum and sum), heads in order.
     pub(super) fn heads(&self, sc: &Scratch) -> Vec<(usize, usize, f32, f32)> {
-        let (dv, g) = (self.p.head_dim_v, self.p.group());
+        let (dv, g) = (padded_dv(self.p), self.p.group());
         let mut all = Vec::with_capacity(self.groups.len() * g);
         for (i, hk) in self.groups.clone().enumerate() {
             for r in 0..g {
@@ -162,7 +175,7 @@ impl<T: CpuElement> Step<'_, T> {
     /// keys); `None` on the other levels and for f32 (which [`Self::source`] reads in place).
     fn in_place(&self, hk: usize, keys: Range<usize>) -> Option<Rows<'_>> {
         #[cfg(target_arch = "x86_64")]
-        if cpu_simd() == Simd::Avx512 {
+        if cpu_simd() == Simd::Avx512 && padded_dv(self.p) == self.p.head_dim_v {
             let p = self.p;
             let k = (self.x.k, p.k_at(self.b, keys.start, hk), p.k.row);
             let v = (self.x.v, p.v_at(self.b, keys.start, hk), p.v.row);
@@ -174,6 +187,24 @@ impl<T: CpuElement> Step<'_, T> {
         }
         let _ = (hk, keys);
         None
+    }
+
+    /// V's rows of key/value head `hk` for keys `keys`, as f32 in `buf`, each padded with zeros
+    /// to [`padded_dv`].
+    fn padded_v<'b>(&self, buf: &'b mut Vec<f32>, hk: usize, keys: Range<usize>) -> Raw<'b, f32> {
+        let (p, dv) = (self.p, self.p.head_dim_v);
+        let width = padded_dv(p);
+        buf.clear();
+        buf.resize(keys.len() * width, 0.0);
+        for (row, j) in buf.chunks_exact_mut(width).zip(keys) {
+            let at = p.v_at(self.b, j, hk);
+            T::widen_into(&self.x.v[at..at + dv], &mut row[..dv]);
+        }
+        Raw {
+            data: buf,
+            at: 0,
+            stride: width,
+        }
     }
 
     /// Where the rows of key/value head `hk` are read: in place when f32 (one pass over each
@@ -243,7 +274,7 @@ fn mods(p: &Problem, at: &Place<'_>, h: usize, row: &mut [f32]) {
 impl Group<'_> {
     /// Folds the keys of `at` (`rows`) into the softmax state and `O`.
     fn block(self, p: &Problem, at: &Place<'_>, rows: Rows<'_>) {
-        let (d, dv, n) = (p.head_dim, p.head_dim_v, at.keys.len());
+        let (d, dv, n) = (p.head_dim, padded_dv(p), at.keys.len());
         #[cfg(target_arch = "x86_64")]
         let wide = cpu_simd() == Simd::Avx512;
         match rows {
