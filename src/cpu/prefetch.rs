@@ -27,8 +27,6 @@ pub(crate) fn prefetch_rows<T>(
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1, _mm_prefetch};
-        /// Bytes one prefetch brings in (a cache line).
-        const LINE: usize = 64;
         for r in 0..rows {
             let first = start + r * stride;
             let end = (first + len).min(buf_len);
@@ -50,4 +48,106 @@ pub(crate) fn prefetch_rows<T>(
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (buf, buf_len, start, stride, rows, len, cache);
+}
+
+/// Rows that a kernel asks for in L2 one at a time, each as it reads a row of its own, so that
+/// memory works on the next operand at the pace the current one is consumed: a burst of
+/// prefetches for a whole block at once stalls the core while the misses queue up. Row `r` is
+/// `bytes` long at `at + r·stride` bytes; `rows` of them.
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) struct RowsAhead {
+    at: *const u8,
+    stride: usize,
+    bytes: usize,
+    rows: usize,
+}
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+impl RowsAhead {
+    /// Nothing to fetch.
+    pub(crate) const NONE: RowsAhead = RowsAhead {
+        at: std::ptr::null(),
+        stride: 0,
+        bytes: 0,
+        rows: 0,
+    };
+
+    /// `rows` rows of `len` elements of `buf`, the first at element `start` and each `stride`
+    /// after the last; the rows that do not lie wholly inside `buf` are left out.
+    pub(crate) fn new<T>(
+        buf: &[T],
+        (start, stride): (usize, usize),
+        (rows, len): (usize, usize),
+    ) -> Self {
+        let inside = match buf.len().checked_sub(start.saturating_add(len)) {
+            Some(room) => rows.min(room.checked_div(stride).map_or(rows, |r| r + 1)),
+            None => 0,
+        };
+        RowsAhead {
+            at: buf.as_ptr().wrapping_add(start).cast(),
+            stride: stride * size_of::<T>(),
+            bytes: len * size_of::<T>(),
+            rows: inside,
+        }
+    }
+
+    /// Asks for row `r` (nothing past the last row).
+    #[inline(always)]
+    pub(crate) fn fetch(&self, r: usize) {
+        if r < self.rows {
+            let row = self.at.wrapping_add(r * self.stride);
+            for at in (0..self.bytes).step_by(LINE) {
+                prefetch_l2(row.wrapping_add(at));
+            }
+        }
+    }
+
+    /// Asks for rows `r..` (a kernel's rows past its own count).
+    pub(crate) fn fetch_from(&self, r: usize) {
+        for r in r..self.rows {
+            self.fetch(r);
+        }
+    }
+}
+
+/// Bytes one prefetch brings in (a cache line).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const LINE: usize = 64;
+
+/// Asks for the line of `at` in L2 (a hint: nothing on CPUs other than x86-64).
+#[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn prefetch_l2(at: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch neither reads nor writes memory as far as the program can observe,
+    // and does not fault on any address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(at.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_ahead_keep_to_the_buffer() {
+        let buf = [0f32; 100];
+        // Row r at 10 + 20r, 8 long: rows 0..=4 end at or before 100.
+        let ahead = RowsAhead::new(&buf, (10, 20), (10, 8));
+        assert_eq!((ahead.rows, ahead.stride, ahead.bytes), (5, 80, 32));
+        assert_eq!(RowsAhead::new(&buf, (10, 20), (3, 8)).rows, 3);
+        assert_eq!(RowsAhead::new(&buf, (95, 20), (3, 8)).rows, 0);
+        assert_eq!(RowsAhead::new(&buf, (0, 0), (4, 100)).rows, 4);
+        assert_eq!(RowsAhead::new(&buf, (usize::MAX, 1), (4, 8)).rows, 0);
+        // Fetching any row, inside or not, has no effect on the program.
+        for r in 0..20 {
+            ahead.fetch(r);
+        }
+        ahead.fetch_from(3);
+        RowsAhead::NONE.fetch(0);
+    }
 }

@@ -7,6 +7,8 @@ use std::arch::x86_64::*;
 
 use half::{bf16, f16};
 
+use crate::cpu::prefetch::RowsAhead;
+
 /// Lanes of a vector.
 const L: usize = 16;
 
@@ -118,6 +120,7 @@ fn reduce16(acc: [__m512; 16]) -> __m512 {
 
 /// `s[g·s_rs + j] = q[g·q_rs..][..d] · k[j·k_rs..][..d]` for `HP` heads and `n` keys
 /// (`j < n`); lanes `n..` of each head's last group of `16 / HP` keys get values of no meaning.
+/// Row `j` of `ahead` is fetched as key `j` is read, its rows past `n` at the end.
 ///
 /// # Safety
 /// AVX-512F must be available; `q` must hold `HP` rows of `d` at stride `q_rs`, `k` `n ≥ 1`
@@ -130,10 +133,14 @@ pub(super) unsafe fn scores<const HP: usize, E: Load>(
     (s, s_rs): (*mut f32, usize),
     d: usize,
     n: usize,
+    ahead: &RowsAhead,
 ) {
     let keys = L / HP;
     let chunks = d.div_ceil(L);
     for j0 in (0..n).step_by(keys) {
+        for kk in 0..keys {
+            ahead.fetch(j0 + kk);
+        }
         // Keys past n repeat the group's first row (read, never stored past the row's end).
         let row = |kk: usize| {
             let j = if j0 + kk < n { j0 + kk } else { j0 };
@@ -170,11 +177,13 @@ pub(super) unsafe fn scores<const HP: usize, E: Load>(
             };
         }
     }
+    ahead.fetch_from(n.next_multiple_of(keys));
 }
 
 /// `o[g·o_rs + 16c..][..16] += Σ_j p[g·p_rs + j] · v[j·v_rs + 16c..][..16]` for `GH` heads,
 /// `CW` chunks of 16 value dims and `n` keys, the block of `GH × CW` accumulators kept in
-/// registers over the keys.
+/// registers over the keys. Row `j` of `ahead` is fetched as key `j` is read, its rows past `n`
+/// at the end.
 ///
 /// # Safety
 /// AVX-512F must be available; `o` must hold `GH` writable rows of `16·CW` at stride `o_rs`,
@@ -185,12 +194,14 @@ pub(super) unsafe fn accumulate<const GH: usize, const CW: usize, E: Load>(
     (p, p_rs): (*const f32, usize),
     (v, v_rs): (*const E, usize),
     n: usize,
+    ahead: &RowsAhead,
 ) {
     // SAFETY: rows g < GH of o hold 16·CW values (the caller's contract).
     let mut acc: [[__m512; CW]; GH] = std::array::from_fn(|g| {
         std::array::from_fn(|c| unsafe { _mm512_loadu_ps(o.add(g * o_rs + c * L)) })
     });
     for j in 0..n {
+        ahead.fetch(j);
         // SAFETY: row j < n of v holds 16·CW values, row g < GH of p n values.
         unsafe {
             let vv: [__m512; CW] = std::array::from_fn(|c| E::load(v.add(j * v_rs + c * L), L));
@@ -208,4 +219,5 @@ pub(super) unsafe fn accumulate<const GH: usize, const CW: usize, E: Load>(
             unsafe { _mm512_storeu_ps(o.add(g * o_rs + c * L), *a) };
         }
     }
+    ahead.fetch_from(n);
 }

@@ -16,7 +16,9 @@
 //! O += P · V               heads × dv      value dims as lanes, V rows in place
 //! ```
 //!
-//! The next block's K and V rows are fetched into L2 while a block is multiplied. With the rows
+//! On AVX-512 the kernels fetch into L2 the K and V rows of the (block, group) pass after next,
+//! one row for each row they read, so that memory streams at the pace the rows are used; the
+//! other levels ask for the next block's rows at the start of each block. With the rows
 //! of all key/value heads of a key side by side (`[B, N, H, D]`, a cache appended to in place),
 //! a task takes every group of its sequence, block by block, so that the groups read each block
 //! as one run of memory; with each head's rows apart (`[B, H, N, D]`), one group. When that
