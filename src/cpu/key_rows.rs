@@ -3,7 +3,6 @@
 
 use std::ops::Range;
 
-use super::prefetch::{Cache, prefetch_rows};
 use crate::problem::Problem;
 use crate::tensor::CpuElement;
 
@@ -110,21 +109,5 @@ impl<T: CpuElement> KeySource<'_, T> {
                 stride: dv,
             },
         )
-    }
-
-    /// Asks for the K and V rows of keys `keys` to be brought into L2, for a decoding step's next
-    /// block: it makes a single short pass over each key block, too short for rows that lie a
-    /// page apart (8 key/value heads of 128 dims) to arrive before they are used (measured with
-    /// the panels of heads that preceded the `decode` module: f32, H=32, D=128, one query, 4096
-    /// keys, 2 threads: 2049 → 1838 µs; bf16 2116 → 1560).
-    pub(super) fn prefetch(&self, keys: Range<usize>) {
-        let (p, b, hk) = (self.p, self.b, self.hk);
-        for (buf, at, stride, width) in [
-            (self.k, p.k_at(b, keys.start, hk), p.k.row, p.head_dim),
-            (self.v, p.v_at(b, keys.start, hk), p.v.row, p.head_dim_v),
-        ] {
-            let rows = (keys.len(), width);
-            prefetch_rows(buf.as_ptr(), buf.len(), (at, stride), rows, Cache::L2);
-        }
     }
 }

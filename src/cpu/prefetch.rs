@@ -1,8 +1,8 @@
 //! Software prefetch of strided rows, for the forward's query rows before it packs them and its
 //! output rows before it writes them: rows a head apart (`[B, N, H, D]`: 2 KiB at H=8, D=64)
 //! are sixteen short streams a panel, which the hardware prefetchers do not follow, so without
-//! a hint each 16×16 transpose waits on its rows coming from L3 or memory. Decoding tasks also
-//! fetch their next key block's K and V rows into L2 (`key_rows`).
+//! a hint each 16×16 transpose waits on its rows coming from L3 or memory. The decoding kernels
+//! fetch the K and V rows they read later into L2 as they go ([`RowsAhead`]).
 
 /// The cache level a prefetch fills.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,30 +24,17 @@ pub(crate) fn prefetch_rows<T>(
     (rows, len): (usize, usize),
     cache: Cache,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1, _mm_prefetch};
-        for r in 0..rows {
-            let first = start + r * stride;
-            let end = (first + len).min(buf_len);
-            if first >= end {
-                return;
-            }
-            let bytes = buf.wrapping_add(first).cast::<i8>();
-            for at in (0..(end - first) * size_of::<T>()).step_by(LINE) {
-                // SAFETY: `at` bytes into row `r`, inside the buffer; a prefetch neither reads
-                // nor writes memory as far as the program can observe.
-                unsafe {
-                    match cache {
-                        Cache::L1 => _mm_prefetch::<_MM_HINT_T0>(bytes.wrapping_add(at)),
-                        Cache::L2 => _mm_prefetch::<_MM_HINT_T1>(bytes.wrapping_add(at)),
-                    }
-                }
-            }
+    for r in 0..rows {
+        let first = start + r * stride;
+        let end = (first + len).min(buf_len);
+        if first >= end {
+            return;
+        }
+        let bytes = buf.wrapping_add(first).cast::<u8>();
+        for at in (0..(end - first) * size_of::<T>()).step_by(LINE) {
+            prefetch_line(bytes.wrapping_add(at), cache);
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (buf, buf_len, start, stride, rows, len, cache);
 }
 
 /// Rows that a kernel asks for in L2 one at a time, each as it reads a row of its own, so that
@@ -55,7 +42,6 @@ pub(crate) fn prefetch_rows<T>(
 /// prefetches for a whole block at once stalls the core while the misses queue up. Row `r` is
 /// `bytes` long at `at + r·stride` bytes; `rows` of them.
 #[derive(Clone, Copy, Debug)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct RowsAhead {
     at: *const u8,
     stride: usize,
@@ -63,7 +49,6 @@ pub(crate) struct RowsAhead {
     rows: usize,
 }
 
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 impl RowsAhead {
     /// Nothing to fetch.
     pub(crate) const NONE: RowsAhead = RowsAhead {
@@ -98,7 +83,7 @@ impl RowsAhead {
         if r < self.rows {
             let row = self.at.wrapping_add(r * self.stride);
             for at in (0..self.bytes).step_by(LINE) {
-                prefetch_l2(row.wrapping_add(at));
+                prefetch_line(row.wrapping_add(at), Cache::L2);
             }
         }
     }
@@ -112,21 +97,25 @@ impl RowsAhead {
 }
 
 /// Bytes one prefetch brings in (a cache line).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const LINE: usize = 64;
 
-/// Asks for the line of `at` in L2 (a hint: nothing on CPUs other than x86-64).
+/// Asks for the cache line of `at` in `cache` (a hint: nothing on CPUs other than x86-64).
 #[inline(always)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-fn prefetch_l2(at: *const u8) {
+fn prefetch_line(at: *const u8, cache: Cache) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch neither reads nor writes memory as far as the program can observe,
-    // and does not fault on any address.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(at.cast())
-    };
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1, _mm_prefetch};
+        // SAFETY: a prefetch neither reads nor writes memory as far as the program can
+        // observe, and does not fault on any address.
+        unsafe {
+            match cache {
+                Cache::L1 => _mm_prefetch::<_MM_HINT_T0>(at.cast()),
+                Cache::L2 => _mm_prefetch::<_MM_HINT_T1>(at.cast()),
+            }
+        }
+    }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = at;
+    let _ = (at, cache);
 }
 
 #[cfg(test)]

@@ -16,9 +16,8 @@
 //! O += P · V               heads × dv      value dims as lanes, V rows in place
 //! ```
 //!
-//! On AVX-512 the kernels fetch into L2 the K and V rows of the (block, group) pass after next,
-//! one row for each row they read, so that memory streams at the pace the rows are used; the
-//! other levels ask for the next block's rows at the start of each block. With the rows
+//! The kernels fetch into L2 the K and V rows of the (block, group) pass after next, one row
+//! for each row they read, so that memory streams at the pace the rows are used. With the rows
 //! of all key/value heads of a key side by side (`[B, N, H, D]`, a cache appended to in place),
 //! a task takes every group of its sequence, block by block, so that the groups read each block
 //! as one run of memory; with each head's rows apart (`[B, H, N, D]`), one group. When that

@@ -27,8 +27,8 @@ use crate::tensor::CpuElement;
 #[cfg(target_arch = "x86_64")]
 use half::{bf16, f16};
 
-/// How many (block, group) passes ahead of its own rows the AVX-512 kernels fetch K and V rows
-/// into L2, one row for each row they read. Measured on the 2-core Zen 5 VM (f32 and bf16,
+/// How many (block, group) passes ahead of its own rows the kernels fetch K and V rows into
+/// L2, one row for each row they read. Measured on the 2-core Zen 5 VM (f32 and bf16,
 /// 32 query heads on 8 key/value heads, D=128, 32768 keys `[B, N, H, D]`, fastest of 30 calls,
 /// 1 and 2 threads, ms), against the whole next block asked for at once at the start of each
 /// block (before): f32 16.7 and 8.6 → 1 pass ahead 13.6 and 8.4, 2 passes 13.3 and 8.7, 3
@@ -100,27 +100,15 @@ impl<T: CpuElement> Step<'_, T> {
             self.groups.len() * g.div_ceil(LANES),
             PanelSoftmax::default(),
         );
-        // The AVX-512 kernels fetch the rows they read next as they read their own; the other
-        // levels ask for each next block at once.
-        #[cfg(target_arch = "x86_64")]
-        let streams = cpu_simd() == Simd::Avx512;
-        #[cfg(not(target_arch = "x86_64"))]
-        let streams = false;
         let mut k0 = self.keys.start;
         while k0 < self.keys.end {
             let block = k0..(k0 + BLOCK).min(self.keys.end);
             k0 = block.end;
-            if !streams {
-                for hk in self.groups.clone() {
-                    self.source(hk)
-                        .prefetch(k0..(k0 + BLOCK).min(self.keys.end));
-                }
-            }
             for (i, hk) in self.groups.clone().enumerate() {
                 // The rows of the (block, group) pass `PASSES_AHEAD` after this one.
                 let later = i + PASSES_AHEAD;
                 let start = block.start + later / self.groups.len() * BLOCK;
-                let ahead = if streams && start < self.keys.end {
+                let ahead = if start < self.keys.end {
                     let hk = self.groups.start + later % self.groups.len();
                     self.ahead(hk, start..(start + BLOCK).min(self.keys.end))
                 } else {
@@ -320,17 +308,15 @@ fn mods(p: &Problem, at: &Place<'_>, h: usize, row: &mut [f32]) {
 
 impl Group<'_> {
     /// Folds the keys of `at` (`rows`) into the softmax state and `O`.
-    /// The AVX-512 kernels fetch `ahead` (the rows of K and V the task reads next) as they go.
+    /// The kernels fetch `ahead` (rows of K and V the task reads later) as they go.
     fn block(self, p: &Problem, at: &Place<'_>, rows: Rows<'_>, ahead: &[RowsAhead; 2]) {
         let (d, dv, n) = (p.head_dim, padded_dv(p), at.keys.len());
         #[cfg(target_arch = "x86_64")]
         let wide = cpu_simd() == Simd::Avx512;
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = ahead;
         match rows {
             #[cfg(target_arch = "x86_64")]
             Rows::F32(k, _) if wide => scores_avx512(self.q, self.s, (d, n), k, &ahead[0]),
-            Rows::F32(k, _) => scores_panels(self.q, self.kt, self.s, (d, n), k),
+            Rows::F32(k, _) => scores_panels(self.q, self.kt, self.s, (d, n), k, &ahead[0]),
             #[cfg(target_arch = "x86_64")]
             Rows::Bf16(k, _) => scores_avx512(self.q, self.s, (d, n), k, &ahead[0]),
             #[cfg(target_arch = "x86_64")]
@@ -366,7 +352,7 @@ impl Group<'_> {
         match rows {
             #[cfg(target_arch = "x86_64")]
             Rows::F32(_, v) if wide => values_avx512(self.o, self.s, (dv, n), v, &ahead[1]),
-            Rows::F32(_, v) => values_panels(self.o, self.s, (dv, n), v),
+            Rows::F32(_, v) => values_panels(self.o, self.s, (dv, n), v, &ahead[1]),
             #[cfg(target_arch = "x86_64")]
             Rows::Bf16(_, v) => values_avx512(self.o, self.s, (dv, n), v, &ahead[1]),
             #[cfg(target_arch = "x86_64")]
@@ -427,15 +413,27 @@ impl<'a, E> Raw<'a, E> {
 }
 
 /// `S = Q · Kᵀ` (`q`: heads × d, `s`: heads × BLOCK) by the panel microkernel: K's block
-/// transposed into `d × 16` panels of keys (`kt`), the heads as the rows.
-fn scores_panels(q: &[f32], kt: &mut [f32], s: &mut [f32], (d, n): (usize, usize), k: Raw<f32>) {
+/// transposed into `d × 16` panels of keys (`kt`), the heads as the rows; `ahead`'s rows are
+/// fetched as K's are transposed.
+fn scores_panels(
+    q: &[f32],
+    kt: &mut [f32],
+    s: &mut [f32],
+    (d, n): (usize, usize),
+    k: Raw<f32>,
+    ahead: &RowsAhead,
+) {
     let heads = q.len() / d;
     let panels = n.div_ceil(LANES);
     for c in 0..panels {
+        for r in c * LANES..(c + 1) * LANES {
+            ahead.fetch(r);
+        }
         let rows = LANES.min(n - c * LANES);
         let panel = &mut kt[c * d * LANES..(c + 1) * d * LANES];
         transpose(panel, LANES, k.skip(c * LANES), k.stride, rows, d);
     }
+    ahead.fetch_from(panels * LANES);
     for c in (0..panels).step_by(2) {
         panels_product(
             &mut s[c * LANES..],
@@ -459,11 +457,23 @@ fn scores_panels(q: &[f32], kt: &mut [f32], s: &mut [f32], (d, n): (usize, usize
 }
 
 /// `O += P · V` (`o`: heads × dv, `p`: heads × BLOCK) by the panel microkernel: the heads as
-/// the rows, 16 value dims a panel, V's rows in place.
-fn values_panels(o: &mut [f32], p: &[f32], (dv, n): (usize, usize), v: Raw<f32>) {
+/// the rows, 16 value dims a panel, V's rows in place; `ahead`'s rows are fetched in equal
+/// shares before each pair of panels.
+fn values_panels(
+    o: &mut [f32],
+    p: &[f32],
+    (dv, n): (usize, usize),
+    v: Raw<f32>,
+    ahead: &RowsAhead,
+) {
     let heads = o.len() / dv;
     let rows = v.skip(0);
+    let pairs = (dv / LANES).div_ceil(2);
     for c in (0..dv / LANES).step_by(2) {
+        // An equal share of the rows to fetch before each pair of panels.
+        for r in c / 2 * n / pairs..(c / 2 + 1) * n / pairs {
+            ahead.fetch(r);
+        }
         panels_product(
             &mut o[c * LANES..],
             p,
@@ -480,6 +490,7 @@ fn values_panels(o: &mut [f32], p: &[f32], (dv, n): (usize, usize), v: Raw<f32>)
             Write::Accumulate,
         );
     }
+    ahead.fetch_from(n);
 }
 
 /// `S = Q · Kᵀ` as dot products of K's rows in place, 16 at a time (see [`avx512::scores`]).
