@@ -7,14 +7,17 @@
 //! keys or the value dims instead. Per block of 64 keys:
 //!
 //! ```text
-//! S  = Q · Kᵀ              heads × keys    AVX-512: dot products of K's rows in place, 16 at
-//!                                          a time, reduced by a shuffle tree (`avx512`);
-//!                                          otherwise K transposed into panels of 16 keys
-//!                                          and the panel microkernel, heads as its rows
+//! S  = Q · Kᵀ              heads × keys    AVX-512 and AVX2: dot products of K's rows in
+//!                                          place, 16 (8) at a time, reduced by a shuffle
+//!                                          tree (`avx512`, `avx2`); otherwise K transposed
+//!                                          into panels of 16 keys and the panel
+//!                                          microkernel, heads as its rows (`kernels`)
 //!      (softcap, ALiBi, bias)
 //! m  = online softmax      per head        rescales the rows of O when a maximum moves
 //! O += P · V               heads × dv      value dims as lanes, V rows in place
 //! ```
+//!
+//! The AVX-512 and AVX2 kernels read f16 and bf16 rows in place, widening them as they load.
 //!
 //! The kernels fetch into L2 the K and V rows of the (block, group) pass after next, one row
 //! for each row they read, so that memory streams at the pace the rows are used. With the rows
@@ -31,10 +34,16 @@
 //! one query, D=128, fastest of 10 calls, interleaved runs; BENCHMARKS.md, seventeenth session):
 //! 32 query heads on 8 key/value heads, 32768 keys, K/V `[B, N, H, D]` 17.3–17.7 → 8.6 ms and
 //! `[B, H, N, D]` 13.6–14.0 → 7.2–7.4 ms; 32 heads without grouping, 4096 keys, 8.0–8.1 → 3.6–3.7
-//! ms and 8.1 → 2.8–2.9 ms; 8 heads on one, 32768 keys, 2.4–2.6 → 1.1–1.5 ms.
+//! ms and 8.1 → 2.8–2.9 ms; 8 heads on one, 32768 keys, 2.4–2.6 → 1.1–1.5 ms. The AVX2 kernels
+//! against the panels at that level (`FLASHATTN_CPU_SIMD=avx2`, same machine, 32 heads on 8,
+//! 32768 keys, fastest of 20; BENCHMARKS.md, eighteenth session): f32 12.2–12.4 → 9.4–10.7 ms,
+//! bf16 16.7–17.2 → 5.3–5.5 ms, f16 15.7–18.3 → 5.5–5.8 ms.
 
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
+mod kernels;
 mod step;
 
 use std::cell::RefCell;

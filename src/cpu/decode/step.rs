@@ -4,22 +4,18 @@
 use std::ops::Range;
 
 #[cfg(target_arch = "x86_64")]
-use super::avx512::{self, Load};
+use super::kernels::{Level, level, scores_in_place, values_in_place};
+use super::kernels::{Raw, scores_panels, values_panels};
 use super::{BLOCK, write_head};
 use crate::cpu::SharedOut;
 use crate::cpu::exp::{LANES, exp2_shifted_sum};
 use crate::cpu::forward::Inputs;
-use crate::cpu::key_rows::{KeyRows, KeySource, PackedKeys};
+use crate::cpu::key_rows::{KeySource, PackedKeys};
 use crate::cpu::lanes::lane_max;
-use crate::cpu::matmul::Write;
-use crate::cpu::microkernel::{PairOffsets, PanelStrides, panels_product};
 use crate::cpu::online_softmax::PanelSoftmax;
 use crate::cpu::prefetch::RowsAhead;
 use crate::cpu::score_mods::sub_alibi;
-#[cfg(target_arch = "x86_64")]
-use crate::cpu::simd::{Simd, cpu_simd};
 use crate::cpu::softcap::softcap;
-use crate::cpu::transpose::transpose;
 #[cfg(target_arch = "x86_64")]
 use crate::dtype::DType;
 use crate::problem::Problem;
@@ -190,7 +186,7 @@ impl<T: CpuElement> Step<'_, T> {
     /// keys); `None` on the other levels and for f32 (which [`Self::source`] reads in place).
     fn in_place(&self, hk: usize, keys: Range<usize>) -> Option<Rows<'_>> {
         #[cfg(target_arch = "x86_64")]
-        if cpu_simd() == Simd::Avx512 && padded_dv(self.p) == self.p.head_dim_v {
+        if level() != Level::Panels && padded_dv(self.p) == self.p.head_dim_v {
             let p = self.p;
             let k = (self.x.k, p.k_at(self.b, keys.start, hk), p.k.row);
             let v = (self.x.v, p.v_at(self.b, keys.start, hk), p.v.row);
@@ -312,15 +308,18 @@ impl Group<'_> {
     fn block(self, p: &Problem, at: &Place<'_>, rows: Rows<'_>, ahead: &[RowsAhead; 2]) {
         let (d, dv, n) = (p.head_dim, padded_dv(p), at.keys.len());
         #[cfg(target_arch = "x86_64")]
-        let wide = cpu_simd() == Simd::Avx512;
+        let level = level();
+        let (q, s) = (self.q, &mut *self.s);
         match rows {
             #[cfg(target_arch = "x86_64")]
-            Rows::F32(k, _) if wide => scores_avx512(self.q, self.s, (d, n), k, &ahead[0]),
-            Rows::F32(k, _) => scores_panels(self.q, self.kt, self.s, (d, n), k, &ahead[0]),
+            Rows::F32(k, _) if level != Level::Panels => {
+                scores_in_place(level, q, s, (d, n), k, &ahead[0])
+            }
+            Rows::F32(k, _) => scores_panels(q, self.kt, s, (d, n), k, &ahead[0]),
             #[cfg(target_arch = "x86_64")]
-            Rows::Bf16(k, _) => scores_avx512(self.q, self.s, (d, n), k, &ahead[0]),
+            Rows::Bf16(k, _) => scores_in_place(level, q, s, (d, n), k, &ahead[0]),
             #[cfg(target_arch = "x86_64")]
-            Rows::F16(k, _) => scores_avx512(self.q, self.s, (d, n), k, &ahead[0]),
+            Rows::F16(k, _) => scores_in_place(level, q, s, (d, n), k, &ahead[0]),
         }
         let width = n.next_multiple_of(LANES);
         let mut tile_max = [f32::NEG_INFINITY; LANES];
@@ -349,20 +348,23 @@ impl Group<'_> {
             sums[r] = exp2_shifted_sum(&mut row[..n], shift[r]);
         }
         self.softmax.add_sums(&sums);
+        let (o, s) = (self.o, &*self.s);
         match rows {
             #[cfg(target_arch = "x86_64")]
-            Rows::F32(_, v) if wide => values_avx512(self.o, self.s, (dv, n), v, &ahead[1]),
-            Rows::F32(_, v) => values_panels(self.o, self.s, (dv, n), v, &ahead[1]),
+            Rows::F32(_, v) if level != Level::Panels => {
+                values_in_place(level, o, s, (dv, n), v, &ahead[1])
+            }
+            Rows::F32(_, v) => values_panels(o, s, (dv, n), v, &ahead[1]),
             #[cfg(target_arch = "x86_64")]
-            Rows::Bf16(_, v) => values_avx512(self.o, self.s, (dv, n), v, &ahead[1]),
+            Rows::Bf16(_, v) => values_in_place(level, o, s, (dv, n), v, &ahead[1]),
             #[cfg(target_arch = "x86_64")]
-            Rows::F16(_, v) => values_avx512(self.o, self.s, (dv, n), v, &ahead[1]),
+            Rows::F16(_, v) => values_in_place(level, o, s, (dv, n), v, &ahead[1]),
         }
     }
 }
 
 /// A block's K and V rows as the kernels read them: f32 (in place, or converted), or, for the
-/// AVX-512 kernels, f16 or bf16 in place.
+/// AVX-512 and AVX2 kernels, f16 or bf16 in place.
 #[derive(Clone, Copy)]
 enum Rows<'a> {
     F32(Raw<'a, f32>, Raw<'a, f32>),
@@ -370,231 +372,4 @@ enum Rows<'a> {
     Bf16(Raw<'a, bf16>, Raw<'a, bf16>),
     #[cfg(target_arch = "x86_64")]
     F16(Raw<'a, f16>, Raw<'a, f16>),
-}
-
-/// Rows of K or V: row `r` at `data[at + r·stride..]`.
-#[derive(Clone, Copy)]
-struct Raw<'a, E> {
-    data: &'a [E],
-    at: usize,
-    stride: usize,
-}
-
-impl<'a> Raw<'a, f32> {
-    fn of(rows: KeyRows<'a>) -> Self {
-        Raw {
-            data: rows.skip(0),
-            at: 0,
-            stride: rows.stride(),
-        }
-    }
-}
-
-impl<'a, E> Raw<'a, E> {
-    /// The rows from `r` on.
-    fn skip(&self, r: usize) -> &'a [E] {
-        &self.data[self.at + r * self.stride..]
-    }
-
-    /// The rows `(x, at, stride)` of an input whose dtype is `E`'s (the caller matched
-    /// `T::DTYPE`), seen as `E`.
-    #[cfg(target_arch = "x86_64")]
-    fn cast<T: CpuElement>((x, at, stride): (&'a [T], usize, usize)) -> Self {
-        assert_eq!(
-            size_of::<T>(),
-            size_of::<E>(),
-            "decode: element sizes differ"
-        );
-        // SAFETY: same size and alignment class (f16 and bf16 are both 2-byte values for which
-        // every bit pattern is valid), same length, and the borrow of `x` carries over.
-        let data = unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<E>(), x.len()) };
-        Raw { data, at, stride }
-    }
-}
-
-/// `S = Q · Kᵀ` (`q`: heads × d, `s`: heads × BLOCK) by the panel microkernel: K's block
-/// transposed into `d × 16` panels of keys (`kt`), the heads as the rows; `ahead`'s rows are
-/// fetched as K's are transposed.
-fn scores_panels(
-    q: &[f32],
-    kt: &mut [f32],
-    s: &mut [f32],
-    (d, n): (usize, usize),
-    k: Raw<f32>,
-    ahead: &RowsAhead,
-) {
-    let heads = q.len() / d;
-    let panels = n.div_ceil(LANES);
-    for c in 0..panels {
-        for r in c * LANES..(c + 1) * LANES {
-            ahead.fetch(r);
-        }
-        let rows = LANES.min(n - c * LANES);
-        let panel = &mut kt[c * d * LANES..(c + 1) * d * LANES];
-        transpose(panel, LANES, k.skip(c * LANES), k.stride, rows, d);
-    }
-    ahead.fetch_from(panels * LANES);
-    for c in (0..panels).step_by(2) {
-        panels_product(
-            &mut s[c * LANES..],
-            q,
-            &kt[c * d * LANES..],
-            heads,
-            d,
-            PanelStrides {
-                a_rs: d,
-                a_cs: 1,
-                b_rs: LANES,
-                c_rs: BLOCK,
-            },
-            (c + 1 < panels).then_some(PairOffsets {
-                b: d * LANES,
-                c: LANES,
-            }),
-            Write::Overwrite,
-        );
-    }
-}
-
-/// `O += P · V` (`o`: heads × dv, `p`: heads × BLOCK) by the panel microkernel: the heads as
-/// the rows, 16 value dims a panel, V's rows in place; `ahead`'s rows are fetched in equal
-/// shares before each pair of panels.
-fn values_panels(
-    o: &mut [f32],
-    p: &[f32],
-    (dv, n): (usize, usize),
-    v: Raw<f32>,
-    ahead: &RowsAhead,
-) {
-    let heads = o.len() / dv;
-    let rows = v.skip(0);
-    let pairs = (dv / LANES).div_ceil(2);
-    for c in (0..dv / LANES).step_by(2) {
-        // An equal share of the rows to fetch before each pair of panels.
-        for r in c / 2 * n / pairs..(c / 2 + 1) * n / pairs {
-            ahead.fetch(r);
-        }
-        panels_product(
-            &mut o[c * LANES..],
-            p,
-            &rows[c * LANES..],
-            heads,
-            n,
-            PanelStrides {
-                a_rs: BLOCK,
-                a_cs: 1,
-                b_rs: v.stride,
-                c_rs: dv,
-            },
-            (c + 1 < dv / LANES).then_some(PairOffsets { b: LANES, c: LANES }),
-            Write::Accumulate,
-        );
-    }
-    ahead.fetch_from(n);
-}
-
-/// `S = Q · Kᵀ` as dot products of K's rows in place, 16 at a time (see [`avx512::scores`]).
-#[cfg(target_arch = "x86_64")]
-fn scores_avx512<E: Load>(
-    q: &[f32],
-    s: &mut [f32],
-    (d, n): (usize, usize),
-    k: Raw<E>,
-    ahead: &RowsAhead,
-) {
-    let heads = q.len() / d;
-    let (rows, k_rs) = (k.skip(0), k.stride);
-    assert!(
-        n >= 1 && (n - 1) * k_rs + d <= rows.len(),
-        "decode: K block out of bounds"
-    );
-    assert!(s.len() >= heads * BLOCK, "decode: score rows out of bounds");
-    let hp = if heads.is_multiple_of(4) {
-        4
-    } else if heads.is_multiple_of(2) {
-        2
-    } else {
-        1
-    };
-    for g0 in (0..heads).step_by(hp) {
-        // The first pass over the block fetches the next one.
-        let ahead = if g0 == 0 { ahead } else { &RowsAhead::NONE };
-        let q = (q[g0 * d..].as_ptr(), d);
-        let s = (s[g0 * BLOCK..].as_mut_ptr(), BLOCK);
-        let k = (rows.as_ptr(), k_rs);
-        // SAFETY: AVX-512F is available; heads g0..g0 + hp have rows of q (d each) and of s
-        // (BLOCK each, a multiple of 16 and at least n), and the n rows of K lie inside `rows`
-        // (asserted above).
-        unsafe {
-            match hp {
-                4 => avx512::scores::<4, E>(q, k, s, d, n, ahead),
-                2 => avx512::scores::<2, E>(q, k, s, d, n, ahead),
-                _ => avx512::scores::<1, E>(q, k, s, d, n, ahead),
-            }
-        }
-    }
-}
-
-/// `O += P · V` with `GH × CW` blocks of accumulators (see [`avx512::accumulate`]).
-#[cfg(target_arch = "x86_64")]
-fn values_avx512<E: Load>(
-    o: &mut [f32],
-    p: &[f32],
-    (dv, n): (usize, usize),
-    v: Raw<E>,
-    ahead: &RowsAhead,
-) {
-    let heads = o.len() / dv;
-    let (rows, v_rs) = (v.skip(0), v.stride);
-    assert!(
-        n >= 1 && (n - 1) * v_rs + dv <= rows.len(),
-        "decode: V block out of bounds"
-    );
-    assert!(
-        p.len() >= heads * BLOCK,
-        "decode: probability rows out of bounds"
-    );
-    let chunks = dv / LANES;
-    for g0 in (0..heads).step_by(4) {
-        let gh = (heads - g0).min(4);
-        let widest = if gh <= 2 { 8 } else { 4 };
-        let mut c0 = 0;
-        while c0 < chunks {
-            let cw = [8, 4, 2, 1]
-                .into_iter()
-                .find(|&w| w <= widest && w <= chunks - c0)
-                .unwrap_or(1);
-            // The first pass over the block fetches the next one.
-            let ahead = if g0 == 0 && c0 == 0 {
-                ahead
-            } else {
-                &RowsAhead::NONE
-            };
-            let o = (o[g0 * dv + c0 * LANES..].as_mut_ptr(), dv);
-            let p = (p[g0 * BLOCK..].as_ptr(), BLOCK);
-            let v = (rows[c0 * LANES..].as_ptr(), v_rs);
-            // SAFETY: AVX-512F is available; heads g0..g0 + gh have rows of o (dv each, of which
-            // columns 16·c0.. + 16·cw) and of p (n probabilities each), and the n rows of V lie
-            // inside `rows` (asserted above).
-            unsafe {
-                match (gh, cw) {
-                    (1, 8) => avx512::accumulate::<1, 8, E>(o, p, v, n, ahead),
-                    (1, 4) => avx512::accumulate::<1, 4, E>(o, p, v, n, ahead),
-                    (1, 2) => avx512::accumulate::<1, 2, E>(o, p, v, n, ahead),
-                    (1, _) => avx512::accumulate::<1, 1, E>(o, p, v, n, ahead),
-                    (2, 8) => avx512::accumulate::<2, 8, E>(o, p, v, n, ahead),
-                    (2, 4) => avx512::accumulate::<2, 4, E>(o, p, v, n, ahead),
-                    (2, 2) => avx512::accumulate::<2, 2, E>(o, p, v, n, ahead),
-                    (2, _) => avx512::accumulate::<2, 1, E>(o, p, v, n, ahead),
-                    (3, 4) => avx512::accumulate::<3, 4, E>(o, p, v, n, ahead),
-                    (3, 2) => avx512::accumulate::<3, 2, E>(o, p, v, n, ahead),
-                    (3, _) => avx512::accumulate::<3, 1, E>(o, p, v, n, ahead),
-                    (_, 4) => avx512::accumulate::<4, 4, E>(o, p, v, n, ahead),
-                    (_, 2) => avx512::accumulate::<4, 2, E>(o, p, v, n, ahead),
-                    (_, _) => avx512::accumulate::<4, 1, E>(o, p, v, n, ahead),
-                }
-            }
-            c0 += cw;
-        }
-    }
 }
