@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 
+use crate::cpu::convert::{narrow_bf16, widen_bf16};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 
@@ -124,14 +125,14 @@ fn not_f32<T>(_: &[T]) -> Option<&[f32]> {
 fn copy_f32(src: &[f32], dst: &mut [f32]) {
     dst.copy_from_slice(src);
 }
-/// The `widen_into` of f16 and bf16: `half`'s slice conversion.
+/// The `widen_into` of f16: `half`'s slice conversion (F16C where the CPU has it).
 fn widen_half<T>(src: &[T], dst: &mut [f32])
 where
     [T]: half::slice::HalfFloatSliceExt,
 {
     half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, dst);
 }
-/// The `narrow_into` of f16 and bf16: `half`'s slice conversion.
+/// The `narrow_into` of f16: `half`'s slice conversion (F16C where the CPU has it).
 fn narrow_half<T>(src: &[f32], dst: &mut [T])
 where
     [T]: half::slice::HalfFloatSliceExt,
@@ -140,7 +141,7 @@ where
 }
 cpu_element!(f32, F32, Some, copy_f32, copy_f32);
 cpu_element!(f16, F16, not_f32, widen_half, narrow_half);
-cpu_element!(bf16, BF16, not_f32, widen_half, narrow_half);
+cpu_element!(bf16, BF16, not_f32, widen_bf16, narrow_bf16);
 
 /// The buffer behind a tensor.
 #[derive(Debug)]

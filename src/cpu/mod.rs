@@ -3,6 +3,7 @@
 mod backward;
 mod backward_block;
 mod bias_grad;
+pub(crate) mod convert;
 mod decode;
 mod elementwise;
 // Tile products and exp2 kernels shared by the forward and backward (until both use every
