@@ -181,9 +181,10 @@ impl<T: CpuElement> Step<'_, T> {
     }
 
     /// The K and V rows of key/value head `hk` for keys `keys` in their own dtype, for the
-    /// AVX-512 kernels, which widen f16 and bf16 as they load (converting each block first
-    /// made bf16 steps slower than f32 ones: 13.3 against 8.7 ms, 32 heads on 8, D=128, 32768
-    /// keys); `None` on the other levels and for f32 (which [`Self::source`] reads in place).
+    /// AVX-512 and AVX2 kernels, which widen f16 and bf16 as they load (converting each block
+    /// first made bf16 steps slower than f32 ones: 13.3 against 8.7 ms with AVX-512, 32 heads on
+    /// 8, D=128, 32768 keys); `None` for the panels and for f32 (which [`Self::source`] reads in
+    /// place).
     fn in_place(&self, hk: usize, keys: Range<usize>) -> Option<Rows<'_>> {
         #[cfg(target_arch = "x86_64")]
         if level() != Level::Panels && padded_dv(self.p) == self.p.head_dim_v {
