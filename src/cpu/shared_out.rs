@@ -172,24 +172,26 @@ mod tests {
 
     use super::*;
 
-    /// Chunked or inline, each element is `T::from_f32(x · factor)`, and nothing outside the
-    /// row is touched.
+    /// Chunked, straight or inline, each element is `T::from_f32(x · factor)`, and nothing
+    /// outside the row is touched.
     fn write_f32_row_narrows_like_from_f32<T: CpuElement + PartialEq + std::fmt::Debug>() {
         // More than two chunks, not a multiple of one; values that round in every direction.
         let src: Vec<f32> = (0..150)
             .map(|i| (i as f32 * 0.731).sin() * 1e3 / 7.0)
             .collect();
-        let sentinel = T::from_f32(-5.0);
-        let mut buf = vec![sentinel; src.len() + 10];
-        let out = SharedOut::new(&mut buf, RowLayout::default());
-        // SAFETY: no other writer.
-        unsafe { out.write_f32_row(3, &src, 0.37) };
-        for (i, &x) in buf.iter().enumerate() {
-            let want = match i.checked_sub(3).and_then(|j| src.get(j)) {
-                Some(&s) => T::from_f32(s * 0.37),
-                None => sentinel,
-            };
-            assert_eq!(x, want, "{} element {i}", T::DTYPE);
+        for factor in [0.37, 1.0] {
+            let sentinel = T::from_f32(-5.0);
+            let mut buf = vec![sentinel; src.len() + 10];
+            let out = SharedOut::new(&mut buf, RowLayout::default());
+            // SAFETY: no other writer.
+            unsafe { out.write_f32_row(3, &src, factor) };
+            for (i, &x) in buf.iter().enumerate() {
+                let want = match i.checked_sub(3).and_then(|j| src.get(j)) {
+                    Some(&s) => T::from_f32(s * factor),
+                    None => sentinel,
+                };
+                assert_eq!(x, want, "{} element {i}, factor {factor}", T::DTYPE);
+            }
         }
     }
 
