@@ -12,39 +12,22 @@
 //! percentage of the read rate from the fastest of criterion's samples and [from the median
 //! sample].
 
+mod common;
+
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use flashattn::{AttentionParams, DType, Tensor, forward};
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use rayon::prelude::*;
 
+use common::{Samples, rates, timed};
+
 const HEAD_DIM: usize = 128;
 const SEED: u64 = 2026;
 /// Elements of the buffer the read rate is measured on (256 MiB of f32).
 const SWEEP: usize = 64 << 20;
-
-/// Per-call times of criterion's samples of one benchmark.
-type Samples = std::rc::Rc<std::cell::RefCell<Vec<Duration>>>;
-
-/// Times `iters` calls of `f` and records the per-call time.
-fn timed(samples: &Samples, iters: u64, mut f: impl FnMut()) -> Duration {
-    let start = Instant::now();
-    for _ in 0..iters {
-        f();
-    }
-    let t = start.elapsed();
-    samples.borrow_mut().push(t / iters.max(1) as u32);
-    t
-}
-
-/// Bytes per second from the fastest and the median sample.
-fn rates(samples: &Samples, bytes: f64) -> (f64, f64) {
-    let mut t: Vec<f64> = samples.borrow().iter().map(Duration::as_secs_f64).collect();
-    t.sort_by(f64::total_cmp);
-    (bytes / t[0], bytes / t[t.len() / 2])
-}
 
 /// The sum of `x`, 16 lanes at a time on every thread (the compiler vectorizes the lanes).
 fn sweep(x: &[f32]) -> f32 {
@@ -136,7 +119,7 @@ fn main() {
     measure_read(&mut c, 1);
     c.final_summary();
 
-    if read.iter().any(|r| r.borrow().is_empty()) || results.is_empty() {
+    if read.iter().any(|r| r.borrow().per_call.is_empty()) || results.is_empty() {
         return;
     }
     let [before, after] = [0, 1].map(|i| rates(&read[i], sweep_bytes));
@@ -151,19 +134,19 @@ fn main() {
         println!(
             "  {:<48} {:>6.1} GB/s          [{:.1}]",
             format!("read 256 MiB, all threads, {when}"),
-            r.0 / 1e9,
-            r.1 / 1e9
+            r.0,
+            r.1
         );
     }
     for (label, bytes, samples) in &results {
-        if !samples.borrow().is_empty() {
+        if !samples.borrow().per_call.is_empty() {
             let r = rates(samples, *bytes);
             println!(
                 "  {:<48} {:>6.1} GB/s {:>5.1}%   [{:.1} {:.1}%]",
                 format!("decode D={HEAD_DIM} {label}"),
-                r.0 / 1e9,
+                r.0,
                 100.0 * r.0 / ceiling.0,
-                r.1 / 1e9,
+                r.1,
                 100.0 * r.1 / ceiling.1
             );
         }
