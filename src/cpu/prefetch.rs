@@ -15,8 +15,8 @@ pub(crate) enum Cache {
 
 /// Asks for the cache lines of `rows` rows of `len` elements of the buffer of `buf_len`
 /// elements at `buf`, the first row at element `start` and each `stride` after the last, to be
-/// brought into `cache`; what lies outside the buffer is skipped. A hint only: no result
-/// depends on it, and it does nothing on CPUs other than x86-64.
+/// brought into `cache`, all at once; rows not wholly inside the buffer are skipped. A hint
+/// only: no result depends on it, and it does nothing on CPUs other than x86-64.
 pub(crate) fn prefetch_rows<T>(
     buf: *const T,
     buf_len: usize,
@@ -24,29 +24,20 @@ pub(crate) fn prefetch_rows<T>(
     (rows, len): (usize, usize),
     cache: Cache,
 ) {
-    for r in 0..rows {
-        let first = start + r * stride;
-        let end = (first + len).min(buf_len);
-        if first >= end {
-            return;
-        }
-        let bytes = buf.wrapping_add(first).cast::<u8>();
-        for at in (0..(end - first) * size_of::<T>()).step_by(LINE) {
-            prefetch_line(bytes.wrapping_add(at), cache);
-        }
-    }
+    RowsAhead::raw(buf, buf_len, (start, stride), (rows, len), cache).fetch_from(0);
 }
 
-/// Rows that a kernel asks for in L2 one at a time, each as it reads a row of its own, so that
+/// Rows that a kernel asks for one at a time, each as it reads a row of its own, so that
 /// memory works on the next operand at the pace the current one is consumed: a burst of
 /// prefetches for a whole block at once stalls the core while the misses queue up. Row `r` is
-/// `bytes` long at `at + r·stride` bytes; `rows` of them.
+/// `bytes` long at `at + r·stride` bytes; `rows` of them, brought into `cache`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RowsAhead {
     at: *const u8,
     stride: usize,
     bytes: usize,
     rows: usize,
+    cache: Cache,
 }
 
 impl RowsAhead {
@@ -56,24 +47,43 @@ impl RowsAhead {
         stride: 0,
         bytes: 0,
         rows: 0,
+        cache: Cache::L2,
     };
 
     /// `rows` rows of `len` elements of `buf`, the first at element `start` and each `stride`
-    /// after the last; the rows that do not lie wholly inside `buf` are left out.
+    /// after the last, for L2; the rows that do not lie wholly inside `buf` are left out.
     pub(crate) fn new<T>(
         buf: &[T],
         (start, stride): (usize, usize),
         (rows, len): (usize, usize),
     ) -> Self {
-        let inside = match buf.len().checked_sub(start.saturating_add(len)) {
+        Self::raw(
+            buf.as_ptr(),
+            buf.len(),
+            (start, stride),
+            (rows, len),
+            Cache::L2,
+        )
+    }
+
+    /// [`Self::new`] for the buffer of `buf_len` elements at `buf`, into `cache`.
+    fn raw<T>(
+        buf: *const T,
+        buf_len: usize,
+        (start, stride): (usize, usize),
+        (rows, len): (usize, usize),
+        cache: Cache,
+    ) -> Self {
+        let inside = match buf_len.checked_sub(start.saturating_add(len)) {
             Some(room) => rows.min(room.checked_div(stride).map_or(rows, |r| r + 1)),
             None => 0,
         };
         RowsAhead {
-            at: buf.as_ptr().wrapping_add(start).cast(),
+            at: buf.wrapping_add(start).cast(),
             stride: stride * size_of::<T>(),
             bytes: len * size_of::<T>(),
             rows: inside,
+            cache,
         }
     }
 
@@ -83,7 +93,7 @@ impl RowsAhead {
         if r < self.rows {
             let row = self.at.wrapping_add(r * self.stride);
             for at in (0..self.bytes).step_by(LINE) {
-                prefetch_line(row.wrapping_add(at), Cache::L2);
+                prefetch_line(row.wrapping_add(at), self.cache);
             }
         }
     }
