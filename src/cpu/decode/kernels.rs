@@ -76,6 +76,18 @@ impl<'a, E> Raw<'a, E> {
         &self.data[self.at + r * self.stride..]
     }
 
+    /// The rows from the first on, checked to hold `n ≥ 1` rows of `width` (panics naming
+    /// `what` otherwise: an internal bug).
+    #[cfg(target_arch = "x86_64")]
+    fn checked(&self, n: usize, width: usize, what: &str) -> &'a [E] {
+        let rows = self.skip(0);
+        assert!(
+            n >= 1 && (n - 1) * self.stride + width <= rows.len(),
+            "decode: {what} block out of bounds"
+        );
+        rows
+    }
+
     /// The rows `(x, at, stride)` of an input whose dtype is `E`'s (the caller matched
     /// `T::DTYPE`), seen as `E`.
     #[cfg(target_arch = "x86_64")]
@@ -186,11 +198,7 @@ pub(super) fn scores_in_place<E: InPlace>(
 ) {
     assert!(level != Level::Panels, "decode: no in-place kernels");
     let heads = q.len() / d;
-    let (rows, k_rs) = (k.skip(0), k.stride);
-    assert!(
-        n >= 1 && (n - 1) * k_rs + d <= rows.len(),
-        "decode: K block out of bounds"
-    );
+    let (rows, k_rs) = (k.checked(n, d, "K"), k.stride);
     assert!(s.len() >= heads * BLOCK, "decode: score rows out of bounds");
     let hp = if heads.is_multiple_of(4) {
         4
@@ -260,11 +268,7 @@ pub(super) fn values_in_place<E: InPlace>(
 ) {
     assert!(level != Level::Panels, "decode: no in-place kernels");
     let heads = o.len() / dv;
-    let (rows, v_rs) = (v.skip(0), v.stride);
-    assert!(
-        n >= 1 && (n - 1) * v_rs + dv <= rows.len(),
-        "decode: V block out of bounds"
-    );
+    let (rows, v_rs) = (v.checked(n, dv, "V"), v.stride);
     assert!(
         p.len() >= heads * BLOCK,
         "decode: probability rows out of bounds"
