@@ -337,7 +337,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                 keys.len(),
                 d,
                 PanelStrides {
-                    a_rs: k_rows.stride(),
+                    a_rs: k_rows.stride,
                     a_cs: 1,
                     b_rs: LANES,
                     c_rs: LANES,
@@ -401,7 +401,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                 keys.len(),
                 PanelStrides {
                     a_rs: 1,
-                    a_cs: v_rows.stride(),
+                    a_cs: v_rows.stride,
                     b_rs: LANES,
                     c_rs: LANES,
                 },

@@ -25,23 +25,19 @@ pub(super) struct PackedKeys {
     packed: Range<usize>,
 }
 
-/// Rows `j0..` of K or V as f32: row `j0 + r` at `data[at + r·stride..]`.
+/// Rows `j0..` of K or V, f32 unless a decoding kernel reads them in their own dtype: row
+/// `j0 + r` at `data[at + r·stride..]`.
 #[derive(Clone, Copy)]
-pub(super) struct KeyRows<'a> {
-    data: &'a [f32],
-    at: usize,
-    stride: usize,
+pub(super) struct KeyRows<'a, E = f32> {
+    pub(super) data: &'a [E],
+    pub(super) at: usize,
+    pub(super) stride: usize,
 }
 
-impl<'a> KeyRows<'a> {
+impl<'a, E> KeyRows<'a, E> {
     /// The rows from `r` on.
-    pub(super) fn skip(self, r: usize) -> &'a [f32] {
+    pub(super) fn skip(&self, r: usize) -> &'a [E] {
         &self.data[self.at + r * self.stride..]
-    }
-
-    /// Elements from one row to the next.
-    pub(super) fn stride(self) -> usize {
-        self.stride
     }
 }
 

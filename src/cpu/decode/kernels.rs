@@ -52,28 +52,21 @@ impl InPlace for bf16 {}
 #[cfg(target_arch = "x86_64")]
 impl InPlace for f16 {}
 
-/// Rows of K or V: row `r` at `data[at + r·stride..]`.
-#[derive(Clone, Copy)]
-pub(super) struct Raw<'a, E> {
-    pub(super) data: &'a [E],
-    pub(super) at: usize,
-    pub(super) stride: usize,
-}
-
-impl<'a> Raw<'a, f32> {
-    pub(super) fn of(rows: KeyRows<'a>) -> Self {
-        Raw {
-            data: rows.skip(0),
-            at: 0,
-            stride: rows.stride(),
-        }
-    }
-}
-
-impl<'a, E> Raw<'a, E> {
-    /// The rows from `r` on.
-    pub(super) fn skip(&self, r: usize) -> &'a [E] {
-        &self.data[self.at + r * self.stride..]
+/// What the decoding kernels add to [`KeyRows`]: rows read in their own dtype, and checked.
+impl<'a, E> KeyRows<'a, E> {
+    /// The rows `(x, at, stride)` of an input whose dtype is `E`'s (the caller matched
+    /// `T::DTYPE`), seen as `E`.
+    #[cfg(target_arch = "x86_64")]
+    pub(super) fn cast<T: CpuElement>((x, at, stride): (&'a [T], usize, usize)) -> Self {
+        assert_eq!(
+            size_of::<T>(),
+            size_of::<E>(),
+            "decode: element sizes differ"
+        );
+        // SAFETY: same size and alignment class (f16 and bf16 are both 2-byte values for which
+        // every bit pattern is valid), same length, and the borrow of `x` carries over.
+        let data = unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<E>(), x.len()) };
+        KeyRows { data, at, stride }
     }
 
     /// The rows from the first on, checked to hold `n ≥ 1` rows of `width` (panics naming
@@ -87,21 +80,6 @@ impl<'a, E> Raw<'a, E> {
         );
         rows
     }
-
-    /// The rows `(x, at, stride)` of an input whose dtype is `E`'s (the caller matched
-    /// `T::DTYPE`), seen as `E`.
-    #[cfg(target_arch = "x86_64")]
-    pub(super) fn cast<T: CpuElement>((x, at, stride): (&'a [T], usize, usize)) -> Self {
-        assert_eq!(
-            size_of::<T>(),
-            size_of::<E>(),
-            "decode: element sizes differ"
-        );
-        // SAFETY: same size and alignment class (f16 and bf16 are both 2-byte values for which
-        // every bit pattern is valid), same length, and the borrow of `x` carries over.
-        let data = unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<E>(), x.len()) };
-        Raw { data, at, stride }
-    }
 }
 
 /// `S = Q · Kᵀ` (`q`: heads × d, `s`: heads × BLOCK) by the panel microkernel: K's block
@@ -112,7 +90,7 @@ pub(super) fn scores_panels(
     kt: &mut [f32],
     s: &mut [f32],
     (d, n): (usize, usize),
-    k: Raw<f32>,
+    k: KeyRows,
     ahead: &RowsAhead,
 ) {
     let heads = q.len() / d;
@@ -155,7 +133,7 @@ pub(super) fn values_panels(
     o: &mut [f32],
     p: &[f32],
     (dv, n): (usize, usize),
-    v: Raw<f32>,
+    v: KeyRows,
     ahead: &RowsAhead,
 ) {
     let heads = o.len() / dv;
@@ -193,7 +171,7 @@ pub(super) fn scores_in_place<E: InPlace>(
     q: &[f32],
     s: &mut [f32],
     (d, n): (usize, usize),
-    k: Raw<E>,
+    k: KeyRows<E>,
     ahead: &RowsAhead,
 ) {
     assert!(level != Level::Panels, "decode: no in-place kernels");
@@ -263,7 +241,7 @@ pub(super) fn values_in_place<E: InPlace>(
     o: &mut [f32],
     p: &[f32],
     (dv, n): (usize, usize),
-    v: Raw<E>,
+    v: KeyRows<E>,
     ahead: &RowsAhead,
 ) {
     assert!(level != Level::Panels, "decode: no in-place kernels");

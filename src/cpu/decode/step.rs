@@ -5,12 +5,12 @@ use std::ops::Range;
 
 #[cfg(target_arch = "x86_64")]
 use super::kernels::{Level, level, scores_in_place, values_in_place};
-use super::kernels::{Raw, scores_panels, values_panels};
+use super::kernels::{scores_panels, values_panels};
 use super::{BLOCK, write_head};
 use crate::cpu::SharedOut;
 use crate::cpu::exp::{LANES, exp2_shifted_sum};
 use crate::cpu::forward::Inputs;
-use crate::cpu::key_rows::{KeySource, PackedKeys};
+use crate::cpu::key_rows::{KeyRows, KeySource, PackedKeys};
 use crate::cpu::lanes::lane_max;
 use crate::cpu::online_softmax::PanelSoftmax;
 use crate::cpu::prefetch::RowsAhead;
@@ -116,11 +116,11 @@ impl<T: CpuElement> Step<'_, T> {
                     None => {
                         let (k, v) = source.block(&mut sc.kv, block.clone());
                         let v = if dv == p.head_dim_v {
-                            Raw::of(v)
+                            v
                         } else {
                             self.padded_v(&mut sc.v, hk, block.clone())
                         };
-                        Rows::F32(Raw::of(k), v)
+                        Rows::F32(k, v)
                     }
                 };
                 // A group of more than 16 heads in parts of 16, each with its own state.
@@ -192,8 +192,8 @@ impl<T: CpuElement> Step<'_, T> {
             let k = (self.x.k, p.k_at(self.b, keys.start, hk), p.k.row);
             let v = (self.x.v, p.v_at(self.b, keys.start, hk), p.v.row);
             return match T::DTYPE {
-                DType::BF16 => Some(Rows::Bf16(Raw::cast(k), Raw::cast(v))),
-                DType::F16 => Some(Rows::F16(Raw::cast(k), Raw::cast(v))),
+                DType::BF16 => Some(Rows::Bf16(KeyRows::cast(k), KeyRows::cast(v))),
+                DType::F16 => Some(Rows::F16(KeyRows::cast(k), KeyRows::cast(v))),
                 DType::F32 => None,
             };
         }
@@ -203,7 +203,7 @@ impl<T: CpuElement> Step<'_, T> {
 
     /// V's rows of key/value head `hk` for keys `keys`, as f32 in `buf`, each padded with zeros
     /// to [`padded_dv`].
-    fn padded_v<'b>(&self, buf: &'b mut Vec<f32>, hk: usize, keys: Range<usize>) -> Raw<'b, f32> {
+    fn padded_v<'b>(&self, buf: &'b mut Vec<f32>, hk: usize, keys: Range<usize>) -> KeyRows<'b> {
         let (p, dv) = (self.p, self.p.head_dim_v);
         let width = padded_dv(p);
         buf.clear();
@@ -212,7 +212,7 @@ impl<T: CpuElement> Step<'_, T> {
             let at = p.v_at(self.b, j, hk);
             T::widen_into(&self.x.v[at..at + dv], &mut row[..dv]);
         }
-        Raw {
+        KeyRows {
             data: buf,
             at: 0,
             stride: width,
@@ -368,9 +368,9 @@ impl Group<'_> {
 /// AVX-512 and AVX2 kernels, f16 or bf16 in place.
 #[derive(Clone, Copy)]
 enum Rows<'a> {
-    F32(Raw<'a, f32>, Raw<'a, f32>),
+    F32(KeyRows<'a>, KeyRows<'a>),
     #[cfg(target_arch = "x86_64")]
-    Bf16(Raw<'a, bf16>, Raw<'a, bf16>),
+    Bf16(KeyRows<'a, bf16>, KeyRows<'a, bf16>),
     #[cfg(target_arch = "x86_64")]
-    F16(Raw<'a, f16>, Raw<'a, f16>),
+    F16(KeyRows<'a, f16>, KeyRows<'a, f16>),
 }
