@@ -6,7 +6,8 @@
 //! the gradients of an untimed first call, as the sgemm writes into a kept C: the allocating
 //! `backward` also pays for fresh pages whenever the allocator has given its last call's
 //! gradients back to the system (see BENCHMARKS.md, "Backward and fresh pages"); and the forward
-//! at N=1024 with each score option (softcap 30, ALiBi, a `[1, 1, N, N]` bias), group `options`.
+//! at N=1024 with each score option (softcap 30, ALiBi, a `[1, 1, N, N]` bias), group `options`,
+//! and with head-major `[B, H, N, D]` storage, group `head_major`.
 //! FLOPs by the usual count: `4·B·H·N²·D` for the
 //! forward, halved when causal, ×2.5 for the backward; criterion's "elements" are these FLOPs, so
 //! its `thrpt` reads as FLOP/s. The ceiling is a gemm-crate sgemm of 1024×1024×1024 on all
@@ -238,6 +239,36 @@ fn main() {
     }
     g.finish();
 
+    // The forward at N=1024 with head-major storage, `[B, H, N, D]` (PyTorch SDPA's layout),
+    // passed as the `[B, N, H, D]` view it transposes to: each head's rows are then one
+    // stream, where `[B, N, H, D]` puts a head's rows a whole row of heads apart.
+    let mut g = c.benchmark_group("head_major");
+    let head_major = |rng: &mut StdRng| {
+        random(rng, &[BATCH, HEADS, seq, HEAD_DIM])
+            .transpose(1, 2)
+            .expect("a [B, N, H, D] view")
+    };
+    let (q, k, v) = (
+        head_major(&mut rng),
+        head_major(&mut rng),
+        head_major(&mut rng),
+    );
+    for causal in [false, true] {
+        let (params, mask) = if causal {
+            (AttentionParams::default().causal(), "causal")
+        } else {
+            (AttentionParams::default(), "full")
+        };
+        let flops = flops / if causal { 2.0 } else { 1.0 };
+        let samples = Samples::default();
+        g.throughput(Throughput::Elements(flops as u64));
+        let label = format!("N={seq}/{mask}");
+        bench_forward(&mut g, &label, &samples, [&q, &k, &v], &params);
+        let name = format!("forward f32 [B,H,N,D] B={BATCH} H={HEADS} D={HEAD_DIM} {label}");
+        Summary::keep(&mut results, name, flops, samples);
+    }
+    g.finish();
+
     measure_gemm(&mut c, 1);
     c.final_summary();
 
@@ -264,7 +295,7 @@ fn main() {
     );
     for (when, g) in [("before", before), ("after", after)] {
         println!(
-            "  {:<44} {:>7.1} GFLOP/s          [{:.1}] {{{}}}",
+            "  {:<56} {:>7.1} GFLOP/s          [{:.1}] {{{}}}",
             format!("sgemm {n}x{n}x{n} f32, all threads, {when}"),
             g.0,
             g.1,
@@ -275,7 +306,7 @@ fn main() {
     for r in &results {
         let x = rates(&r.samples, r.flops);
         println!(
-            "  {:<44} {:>7.1} GFLOP/s {:>5.1}%   [{:.1} {:.1}%] {{{}}}",
+            "  {:<56} {:>7.1} GFLOP/s {:>5.1}%   [{:.1} {:.1}%] {{{}}}",
             r.name,
             x.0,
             pct(x.0, gemm.0),
