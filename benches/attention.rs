@@ -92,21 +92,26 @@ impl Summary {
     }
 }
 
-/// Times the allocating `forward` on `q, k, v` under `label` in group `g`.
+/// Times the allocating `forward` on `q, k, v` under `label` in group `g`, and keeps its summary
+/// line `name` for `flops` per call.
 fn bench_forward(
     g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    label: &str,
-    samples: &Samples,
+    results: &mut Vec<Summary>,
+    (label, name): (&str, String),
+    flops: f64,
     [q, k, v]: [&Tensor; 3],
     params: &AttentionParams,
 ) {
+    let samples = Samples::default();
+    g.throughput(Throughput::Elements(flops as u64));
     g.bench_function(BenchmarkId::from_parameter(label), |bench| {
         bench.iter_custom(|iters| {
-            timed(samples, iters, || {
+            timed(&samples, iters, || {
                 black_box(forward(q, k, v, params).expect("forward"));
             })
         })
     });
+    Summary::keep(results, name, flops, samples);
 }
 
 fn main() {
@@ -173,11 +178,15 @@ fn main() {
                     2.5 * fwd_flops
                 };
                 let label = format!("N={seq}/{}", if causal { "causal" } else { "full" });
+                let name = format!("{pass} f32 B={BATCH} H={HEADS} D={HEAD_DIM} {label}");
+                if pass == "forward" {
+                    let qkv = [&q, &k, &v];
+                    bench_forward(&mut g, &mut results, (&label, name), flops, qkv, &params);
+                    continue;
+                }
                 let samples = Samples::default();
                 g.throughput(Throughput::Elements(flops as u64));
-                if pass == "forward" {
-                    bench_forward(&mut g, &label, &samples, [&q, &k, &v], &params);
-                } else if pass == "backward" {
+                if pass == "backward" {
                     let f = forward(&q, &k, &v, &params).expect("forward");
                     g.bench_function(BenchmarkId::from_parameter(&label), |bench| {
                         bench.iter_custom(|iters| {
@@ -205,7 +214,6 @@ fn main() {
                         })
                     });
                 }
-                let name = format!("{pass} f32 B={BATCH} H={HEADS} D={HEAD_DIM} {label}");
                 Summary::keep(&mut results, name, flops, samples);
             }
         }
@@ -230,12 +238,16 @@ fn main() {
         ("alibi", AttentionParams::default().alibi(slopes)),
         ("bias", AttentionParams::default().bias(bias)),
     ] {
-        let samples = Samples::default();
-        g.throughput(Throughput::Elements(flops as u64));
         let label = format!("{option}/N={seq}");
-        bench_forward(&mut g, &label, &samples, [&q, &k, &v], &params);
         let name = format!("forward+{option} f32 B={BATCH} H={HEADS} D={HEAD_DIM} N={seq}");
-        Summary::keep(&mut results, name, flops, samples);
+        bench_forward(
+            &mut g,
+            &mut results,
+            (&label, name),
+            flops,
+            [&q, &k, &v],
+            &params,
+        );
     }
     g.finish();
 
@@ -260,12 +272,16 @@ fn main() {
             (AttentionParams::default(), "full")
         };
         let flops = flops / if causal { 2.0 } else { 1.0 };
-        let samples = Samples::default();
-        g.throughput(Throughput::Elements(flops as u64));
         let label = format!("N={seq}/{mask}");
-        bench_forward(&mut g, &label, &samples, [&q, &k, &v], &params);
         let name = format!("forward f32 [B,H,N,D] B={BATCH} H={HEADS} D={HEAD_DIM} {label}");
-        Summary::keep(&mut results, name, flops, samples);
+        bench_forward(
+            &mut g,
+            &mut results,
+            (&label, name),
+            flops,
+            [&q, &k, &v],
+            &params,
+        );
     }
     g.finish();
 
