@@ -233,6 +233,7 @@ fn main() {
     let slopes = Tensor::from_vec(slopes, &[HEADS]).expect("slopes");
     let bias = random(&mut rng, &[1, 1, seq, seq]);
     let flops = 4.0 * (BATCH * HEADS * seq * seq * HEAD_DIM) as f64;
+    let qkv = [&q, &k, &v];
     for (option, params) in [
         ("softcap", AttentionParams::default().softcap(30.0)),
         ("alibi", AttentionParams::default().alibi(slopes)),
@@ -240,14 +241,7 @@ fn main() {
     ] {
         let label = format!("{option}/N={seq}");
         let name = format!("forward+{option} f32 B={BATCH} H={HEADS} D={HEAD_DIM} N={seq}");
-        bench_forward(
-            &mut g,
-            &mut results,
-            (&label, name),
-            flops,
-            [&q, &k, &v],
-            &params,
-        );
+        bench_forward(&mut g, &mut results, (&label, name), flops, qkv, &params);
     }
     g.finish();
 
@@ -265,6 +259,7 @@ fn main() {
         head_major(&mut rng),
         head_major(&mut rng),
     );
+    let qkv = [&q, &k, &v];
     for causal in [false, true] {
         let (params, mask) = if causal {
             (AttentionParams::default().causal(), "causal")
@@ -274,14 +269,7 @@ fn main() {
         let flops = flops / if causal { 2.0 } else { 1.0 };
         let label = format!("N={seq}/{mask}");
         let name = format!("forward f32 [B,H,N,D] B={BATCH} H={HEADS} D={HEAD_DIM} {label}");
-        bench_forward(
-            &mut g,
-            &mut results,
-            (&label, name),
-            flops,
-            [&q, &k, &v],
-            &params,
-        );
+        bench_forward(&mut g, &mut results, (&label, name), flops, qkv, &params);
     }
     g.finish();
 
