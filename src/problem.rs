@@ -331,6 +331,12 @@ impl Problem {
         Mask::new(self.window, self.seqs[b].nq, self.seqs[b].nk)
     }
 
+    /// True when the scores take a per-element step (softcap, ALiBi, bias) before the mask and
+    /// the softmax, so the kernels change to base 2 after it rather than on Q.
+    pub fn has_score_mods(&self) -> bool {
+        self.softcap.is_some() || self.alibi.is_some() || self.bias.is_some()
+    }
+
     /// The ALiBi slope of (batch `b`, query head `h`), 0 without ALiBi.
     #[inline(always)]
     pub fn slope(&self, b: usize, h: usize) -> f32 {

@@ -120,7 +120,7 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
         dv: &o.dv,
         dbias: dbias.as_ref(),
     };
-    let score_mods = p.softcap.is_some() || p.alibi.is_some() || p.bias.is_some();
+    let score_mods = p.has_score_mods();
     let alpha = if score_mods {
         p.scale
     } else {

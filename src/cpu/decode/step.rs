@@ -76,7 +76,7 @@ impl<T: CpuElement> Step<'_, T> {
         let heads = self.groups.len() * g;
         // Without score options, log2(e) rides on Q (as in the panels); with them, it comes
         // after them (`Group::mods`).
-        let scale = if has_mods(p) {
+        let scale = if p.has_score_mods() {
             p.scale
         } else {
             p.scale * std::f32::consts::LOG2_E
@@ -275,11 +275,6 @@ struct Place<'a> {
     bias: Option<&'a [f32]>,
 }
 
-/// True when the scores take a per-element step (softcap, ALiBi, bias) before the softmax.
-fn has_mods(p: &Problem) -> bool {
-    p.softcap.is_some() || p.alibi.is_some() || p.bias.is_some()
-}
-
 /// Softcap, ALiBi and bias on the scores of head `h` for the keys of `at` (`row`), then the
 /// change to base 2, in the documented order. The step's one query sits at key `nk − nq` (the
 /// bottom-right alignment with `nq = 1`).
@@ -330,7 +325,7 @@ impl Group<'_> {
             .zip(&mut tile_max)
             .zip(at.heads.clone())
         {
-            if has_mods(p) {
+            if p.has_score_mods() {
                 mods(p, at, h, &mut row[..n]);
             }
             row[n..width].fill(f32::NEG_INFINITY);
