@@ -202,10 +202,7 @@ pub(crate) fn choose(p: &Problem, align: &Alignment, max_shared: usize) -> Path 
         align.strides.iter().all(|s| s % 8 == 0) && align.addresses.iter().all(|a| a % 16 == 0);
     if half && dims_ok && aligned {
         let hints = Hints {
-            score_mods: p.softcap.is_some()
-                || p.alibi.is_some()
-                || p.bias.is_some()
-                || p.scale <= 0.0,
+            score_mods: p.has_score_mods() || p.scale <= 0.0,
         };
         let tile = mma_tile(
             round_up(p.head_dim, 32),
