@@ -236,6 +236,10 @@ unsafe fn block_exp<const R: usize, const W: usize>(
 /// against 9.1 for the plain product. The plain blocks' FMAs alone set their pace, and folding
 /// their broadcasts too measured no faster, so they keep the shared one.
 #[inline(always)]
+#[allow(
+    clippy::pointers_in_nomem_asm_block,
+    reason = "the asm reads nothing through `p`"
+)]
 fn opaque(mut p: *const f32) -> *const f32 {
     // SAFETY: the template is empty: no instruction, `p` stays in its register.
     unsafe {
