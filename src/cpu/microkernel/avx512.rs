@@ -10,7 +10,8 @@
 //!   the last rows of a rows-contiguous product, and no other caller today).
 //!
 //! [`product_exp`] runs the first block of a columns-contiguous product with the softmax's
-//! exponentials of B computed inside its loop (see `softmax_product`).
+//! exponentials of B computed inside its loop (see `softmax_product`); there each FMA takes its
+//! own broadcast of A as a memory operand (see [`opaque`]).
 
 use std::arch::x86_64::*;
 
