@@ -17,7 +17,7 @@
 //! The two panels of a pair share each broadcast of K and V (the microkernel's 12×2 register
 //! blocks; see `microkernel`). Keys both panels see are multiplied once for both, keys only one
 //! sees for that one, so a causal diagonal block costs about 8 wasted keys per row, and only
-//! panels crossing the mask boundary mask per element. Tasks run longest first.
+//! panels crossing the mask boundary mask per element. Tasks start longest first (`schedule`).
 //! f32 K/V rows are read in place unless the tiles pack them (`tile_config`: long heads, or rows
 //! that alias in L1); packed or converted (f16/bf16) rows are kept by the thread for its next
 //! task on the same head when the head's K and V take at most 2 MiB as f32, else packed per key
@@ -34,8 +34,6 @@ use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rayon::prelude::*;
-
 use super::SharedOut;
 use super::decode;
 use super::exp::LANES;
@@ -46,6 +44,7 @@ use super::microkernel::{PairOffsets, PanelStrides, panels_product, softmax_prod
 use super::online_softmax::PanelSoftmax;
 use super::pieces::{contains, merged, pieces};
 use super::prefetch::{Cache, prefetch_rows};
+use super::schedule::for_each_in_runs;
 use super::score_mods::{ScoreMods, apply_mask, apply_score_mods};
 use super::tile_config::{ForwardTiles, forward_tiles};
 use super::transpose::transpose_scaled;
@@ -96,6 +95,8 @@ struct Task {
     h: usize,
     /// First query row (within the sequence).
     q0: usize,
+    /// Query rows times the keys they see: the task's share of the call's work.
+    cost: usize,
 }
 
 pub(crate) fn run<T: CpuElement>(
@@ -117,32 +118,33 @@ pub(crate) fn run<T: CpuElement>(
     );
     let mut tasks: Vec<Task> = (0..p.batch)
         .flat_map(|b| {
-            let blocks = p.seqs[b].nq.div_ceil(tiles.block_q);
-            (0..p.heads_q).flat_map(move |h| {
-                (0..blocks).map(move |t| Task {
+            let (nq, mask) = (p.seqs[b].nq, p.mask(b));
+            (0..nq.div_ceil(tiles.block_q)).flat_map(move |t| {
+                let rows = t * tiles.block_q..((t + 1) * tiles.block_q).min(nq);
+                let cost = rows.len() * mask.key_range_for_rows(rows).len();
+                (0..p.heads_q).map(move |h| Task {
                     b,
                     h,
                     q0: t * tiles.block_q,
+                    cost,
                 })
             })
         })
         .collect();
-    // Longest first (by the keys their rows see): with causal or windowed masks the tasks
-    // differ in size, and a long task started last would leave the other threads idle. With
-    // many tasks a thread, longest first within each (sequence, head) instead: rayon hands each
-    // thread runs of neighbouring tasks, which then find their head's K and V in its L2 rather
-    // than in memory (B=4, H=8, D=64, N=1024 causal, inputs beyond the L3: 304-316 -> 345-356
-    // GFLOP/s on 2 threads, 140-152 -> 163-173 on one; B=1 within noise; 2026-11-23).
+    // Longest first: with causal or windowed masks the tasks differ in size, and a long task
+    // started last would leave the other threads idle. With many tasks a thread, longest first
+    // within each (sequence, head) instead, so that a thread's run of tasks finds its head's K
+    // and V in its L2 rather than in memory (B=4, H=8, D=64, N=1024 causal, inputs beyond the
+    // L3: 304-316 -> 345-356 GFLOP/s on 2 threads, 140-152 -> 163-173 on one; B=1 within
+    // noise; 2026-11-23).
     let by_head = tasks.len() >= 8 * rayon::current_num_threads();
-    tasks.sort_by_cached_key(|t| {
-        let rows = t.q0..(t.q0 + tiles.block_q).min(p.seqs[t.b].nq);
-        let keys = p.mask(t.b).key_range_for_rows(rows).len();
+    tasks.sort_by_key(|t| {
         let head = if by_head { (t.b, t.h) } else { (0, 0) };
-        (head, std::cmp::Reverse(keys))
+        (head, std::cmp::Reverse(t.cost))
     });
     static CALLS: AtomicU64 = AtomicU64::new(0);
     let call = CALLS.fetch_add(1, Ordering::Relaxed);
-    tasks.par_iter().for_each(|task| {
+    let body = |task: &Task| {
         let ctx = TaskCtx {
             p,
             x: &x,
@@ -161,7 +163,16 @@ pub(crate) fn run<T: CpuElement>(
             // thread; a fresh scratch should that ever change.
             Err(_) => ctx.run(&mut Scratch::default(), &out, &lse),
         });
-    });
+    };
+    // Rows read in place are shared through the last-level cache by threads on the same head:
+    // one queue. Rows a thread converts or packs and keeps for its next task on the head
+    // (`keep_kv`): one run of heads a thread, so that each head is converted once.
+    let runs = if tiles.pack_kv || T::as_f32_slice(x.k).is_none() {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
+    for_each_in_runs(&tasks, runs, |t| t.cost, body);
 }
 
 thread_local! {

@@ -19,6 +19,7 @@ mod microkernel;
 mod online_softmax;
 mod pieces;
 mod prefetch;
+mod schedule;
 mod score_mods;
 mod shared_out;
 mod simd;
