@@ -164,13 +164,16 @@ pub(crate) fn run<T: CpuElement>(
             Err(_) => ctx.run(&mut Scratch::default(), &out, &lse),
         });
     };
-    // Rows read in place are shared through the last-level cache by threads on the same head:
-    // one queue. Rows a thread converts or packs and keeps for its next task on the head
-    // (`keep_kv`): one run of heads a thread, so that each head is converted once.
-    let runs = if tiles.pack_kv || T::as_f32_slice(x.k).is_none() {
-        rayon::current_num_threads()
-    } else {
+    // With many tasks a thread (`by_head`) and rows read in place, one queue: the threads work
+    // on the same head at once and share its rows through the last-level cache. Otherwise one
+    // run of tasks a thread: its heads' rows, converted or packed and kept by the thread
+    // (`keep_kv`), or read in place next to the neighbouring heads' rows that its core's
+    // prefetchers bring in with them.
+    let in_place = !tiles.pack_kv && T::as_f32_slice(x.k).is_some();
+    let runs = if by_head && in_place {
         1
+    } else {
+        rayon::current_num_threads()
     };
     for_each_in_runs(&tasks, runs, |t| t.cost, body);
 }

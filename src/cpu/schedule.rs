@@ -1,19 +1,23 @@
-//! How a call's tasks reach the rayon threads: one shared queue, taken in the caller's order.
+//! How a call's tasks reach the rayon threads: runs of tasks taken from both ends.
 //!
 //! `par_iter` over a task list splits it into about as many contiguous runs as there are
-//! threads, and splits further only where a thread steals. Tasks sorted longest first thus end
-//! in runs that a thread must finish alone while the other threads wait, and the first thread
-//! to run out of work goes to sleep; the caller, blocked until the last run ends, is woken after
-//! it. Here every thread takes the next task from one atomic counter, so the tasks start in the
-//! order given (longest first: the last ones are the shortest), and a thread that finds the
-//! queue empty spins until the last task has ended rather than fall asleep. When its vCPU stays
-//! awake, the caller's wake-up comes sooner.
+//! threads and splits further only where a thread steals, so a thread may be left to finish a
+//! run alone while the others wait, and the first thread out of work goes to sleep before the
+//! caller is woken. Here the tasks are cut into runs of about equal cost, each taken from an
+//! atomic range: a thread takes its own run's tasks from the front (longest first), then the
+//! other runs' from the back (their shortest), and a thread that finds no task left spins until
+//! the last one has ended, so that its vCPU is awake when the caller is woken. With several
+//! threads on one run (`runs` = 1), the run is one queue in the order given.
 //!
-//! Measured on the 2-vCPU Zen 4 VM (2026-11-24), f32 forward, B=1, H=8, D=64, N=1024, 2 threads,
-//! 16 interleaved rounds of 10 calls, against `par_iter`:
-//! - causal: median rate over rounds 1.014–1.021×, mean call 6048 → 5688 µs and 5903 → 5759 µs;
-//! - full: 1.018×, mean call 11471 → 11010 µs;
-//! - from the last task's end to the call's return: 61 µs without the spin, 24–37 µs with it.
+//! Measured on the 2-vCPU Zen 4 VM (2026-11-24), f32 forward, D=64, 2 threads, `[B, N, H, D]`,
+//! interleaved rounds of 10 calls in one process against `par_iter` (median over rounds of the
+//! ratio of the rounds' fastest calls; the host's noise is about ±2%):
+//! - B=4, H=8, N=1024 (one queue): full 1.018–1.021, causal 1.019–1.023, mean call -2.5%;
+//! - B=1, H=8, N=1024 (one queue): 0.995–1.024 over five runs, mean call -4.4% to +1.3%;
+//! - B=1, N=128 and 512, one run a thread: within 1% (one queue there: 10% slower at N=128,
+//!   threads alternating between heads);
+//! - f16 inputs, N=1024, one run a thread: 1.004–1.015 (one queue: causal 0.97–0.98, every
+//!   thread converting every head).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
