@@ -12,6 +12,9 @@
 //! [`product_exp`] runs the first block of a columns-contiguous product with the softmax's
 //! exponentials of B computed inside its loop (see `softmax_product`); there each FMA takes its
 //! own broadcast of A as a memory operand (see [`opaque`]).
+//!
+//! The columns-contiguous kernels fetch into L1 the values of A 16 steps ahead, the rows
+//! kernels their next block's rows of A (see [`fetch_step`]).
 
 use std::arch::x86_64::*;
 
