@@ -6,14 +6,15 @@
 //! caller is woken. Here the tasks are cut into runs of about equal cost, each taken from an
 //! atomic range: a thread takes its own run's tasks from the front (longest first), then the
 //! other runs' from the back (their shortest), and a thread that finds no task left spins until
-//! the last one has ended, so that its vCPU is awake when the caller is woken. With several
+//! the last one has ended, so that its vCPU is awake when the caller is woken (for a bounded
+//! time: then it leaves the waiting to rayon, which puts it to sleep). With several
 //! threads on one run (`runs` = 1), the run is one queue in the order given.
 //!
 //! Measured on the 2-vCPU Zen 4 VM (2026-11-24), f32 forward, D=64, 2 threads, `[B, N, H, D]`,
 //! interleaved rounds of 10 calls in one process against `par_iter` (median over rounds of the
 //! ratio of the rounds' fastest calls; the host's noise is about ±2%):
 //! - B=4, H=8, N=1024 (one queue): full 1.018–1.021, causal 1.019–1.023, mean call -2.5%;
-//! - B=1, H=8, N=1024 (one queue): 0.995–1.024 over five runs, mean call -4.4% to +1.3%;
+//! - B=1, H=8, N=1024 (one queue): 0.995–1.024 over nine runs, mean call -4.4% to +1.3%;
 //! - B=1, N=128 and 512, one run a thread: within 1% (one queue there: 10% slower at N=128,
 //!   threads alternating between heads);
 //! - f16 inputs, N=1024, one run a thread: 1.004–1.015 (one queue: causal 0.97–0.98, every
@@ -23,8 +24,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use rayon::prelude::*;
 
-/// Spins of a waiting thread before it starts to yield its CPU between checks.
+/// Spins of a waiting thread before it starts to yield its CPU between checks (about 70 µs on
+/// Zen 4, whose `pause` takes some 64 cycles).
 const SPINS_BEFORE_YIELD: u32 = 1 << 12;
+
+/// Yields after the spins before a waiting thread stops waiting for the last task: the wait
+/// pays only when that task ends soon, and a longer one would keep a CPU busy for nothing.
+const YIELDS: u32 = 256;
 
 /// Runs `body` on every task of `tasks` on the current rayon pool and returns once every task
 /// has ended; a panic in `body` is passed on, as by rayon.
@@ -42,6 +48,8 @@ pub(crate) fn for_each_in_runs<T: Sync>(
     if tasks.is_empty() {
         return;
     }
+    // A run's range is packed as two 32-bit halves.
+    debug_assert!(u32::try_from(tasks.len()).is_ok());
     let threads = rayon::current_num_threads().min(tasks.len());
     let runs = cut(tasks, runs.min(threads), cost);
     let unfinished = AtomicUsize::new(tasks.len());
@@ -63,10 +71,11 @@ pub(crate) fn for_each_in_runs<T: Sync>(
                     run_task(i);
                 }
             }
-            let mut spins = 0u32;
-            while unfinished.load(Ordering::Acquire) > 0 {
-                if spins < SPINS_BEFORE_YIELD {
-                    spins += 1;
+            for check in 0..SPINS_BEFORE_YIELD + YIELDS {
+                if unfinished.load(Ordering::Acquire) == 0 {
+                    break;
+                }
+                if check < SPINS_BEFORE_YIELD {
                     std::hint::spin_loop();
                 } else {
                     std::thread::yield_now();
@@ -79,16 +88,17 @@ pub(crate) fn for_each_in_runs<T: Sync>(
 fn cut<T>(tasks: &[T], runs: usize, cost: impl Fn(&T) -> usize) -> Vec<Run> {
     let runs = runs.clamp(1, tasks.len().max(1));
     let costs: Vec<usize> = tasks.iter().map(|t| cost(t).max(1)).collect();
-    let total: usize = costs.iter().sum();
+    let total: u128 = costs.iter().map(|&c| c as u128).sum();
     let mut bounds = vec![0];
-    let mut sum = 0;
-    for (i, c) in costs.iter().enumerate() {
+    let mut sum = 0u128;
+    for (i, &c) in costs.iter().enumerate() {
         let r = bounds.len();
+        let share = total * r as u128 / runs as u128;
         // Cut before task i when that leaves the run closer to its share than after it.
-        if r < runs && 2 * sum + c > 2 * (total * r / runs) && i > *bounds.last().unwrap() {
+        if r < runs && 2 * sum + c as u128 > 2 * share && i > bounds[r - 1] {
             bounds.push(i);
         }
-        sum += c;
+        sum += c as u128;
     }
     bounds.push(tasks.len());
     bounds.windows(2).map(|w| Run::new(w[0], w[1])).collect()
