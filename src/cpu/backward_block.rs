@@ -35,6 +35,7 @@ use super::elementwise::softmax_grad;
 use super::exp::exp2_shifted_sum;
 use super::matmul::Write;
 use super::microkernel::{PANEL, PairOffsets, PanelStrides, panels_product};
+use super::prefetch::RowsAhead;
 use super::score_mods::sub_alibi;
 use super::simd::multiversion;
 use super::softcap::softcap;
@@ -206,7 +207,14 @@ impl<T: CpuElement> BlockCtx<'_, T> {
         sc.kt.resize(d * nc16, 0.0);
         sc.vt.resize(dv * nc16, 0.0);
         sc.k.resize(nc16 * d16, 0.0);
+        // Rows a head apart come from memory one by one: K's rows are fetched a few ahead of
+        // their packing, and V's, which the transpose below reads, as K's are packed.
+        let (k0, v0) = (p.k_at(b, keys.start, hk), p.v_at(b, keys.start, hk));
+        let k_ahead = RowsAhead::ahead_of(self.x.k, (k0, p.k.row), (nc, d));
+        let v_rows = RowsAhead::new(self.x.v, (v0, p.v.row), (nc, dv));
         for (c, j) in keys.clone().enumerate() {
+            k_ahead.fetch(c);
+            v_rows.fetch(c);
             let (at, row) = (p.k_at(b, j, hk), &mut sc.k[c * d16..c * d16 + d]);
             T::widen_into(&self.x.k[at..at + d], row);
             row.iter_mut().for_each(|x| *x *= self.alpha);
@@ -257,7 +265,14 @@ impl<T: CpuElement> BlockCtx<'_, T> {
             }
         }
 
+        let written = |o: &SharedOut<'_, T>, len: usize| {
+            let at = (p.key_at(&o.layout, b, keys.start, hk), o.layout.row);
+            o.rows_ahead(at, nc, len)
+        };
+        let (dk_ahead, dv_ahead) = (written(out.dk, d), written(out.dv, dv));
         for (c, j) in keys.enumerate() {
+            dk_ahead.fetch(c);
+            dv_ahead.fetch(c);
             // SAFETY: the dK/dV rows of (b, hk, key j) belong to the one task that owns key
             // block `keys`.
             unsafe {
@@ -301,7 +316,10 @@ impl<T: CpuElement> BlockCtx<'_, T> {
         buf.clear();
         buf.resize(group * nq * dim16, 0.0);
         for (g, h) in (self.hk * group..(self.hk + 1) * group).enumerate() {
+            let at = (p.query_at(layout, b, 0, h), layout.row);
+            let ahead = RowsAhead::ahead_of(src, at, (nq, dim));
             for i in 0..nq {
+                ahead.fetch(i);
                 let at = p.query_at(layout, b, i, h);
                 let r = (g * nq + i) * dim16;
                 T::widen_into(&src[at..at + dim], &mut buf[r..r + dim]);

@@ -7,12 +7,6 @@ use super::prefetch::RowsAhead;
 use crate::problem::Problem;
 use crate::tensor::CpuElement;
 
-/// How many rows ahead of the one it converts or copies a task asks for K's and V's rows. With
-/// rows a head apart (`[B, N, H, D]`) the first pass over them waits on each: bf16, B=1, H=8,
-/// D=64, N=1024, causal, one thread, four alternating rounds, none → 8 rows ahead: 5365–5470 →
-/// 5256–5400 µs (2026-11-24).
-const PACK_AHEAD: usize = 8;
-
 /// K and V rows as f32 when not read in place: rows `packed` of one (call, sequence, kv head),
 /// row `j` at `(j − packed.start)·width`, kept from task to task while the thread stays on that
 /// head; or, for heads too long to keep, the current key block alone.
@@ -93,10 +87,9 @@ impl<T: CpuElement> KeySource<'_, T> {
         }
         let base = kv.packed.start;
         let first = kv.packed.end.max(keys.start);
-        // The rows `PACK_AHEAD` keys on, fetched as each row is converted or copied.
+        // The rows a few keys on, fetched as each row is converted or copied.
         let ahead = |x: &[T], at: usize, stride: usize, width: usize| {
-            let rows = keys.end.saturating_sub(first + PACK_AHEAD);
-            RowsAhead::new(x, (at + PACK_AHEAD * stride, stride), (rows, width))
+            RowsAhead::ahead_of(x, (at, stride), (keys.end.saturating_sub(first), width))
         };
         let ahead = [
             ahead(self.k, p.k_at(b, first, hk), p.k.row, d),

@@ -66,6 +66,29 @@ impl RowsAhead {
         )
     }
 
+    /// For a loop over `rows` rows of `len` elements of `buf` (the first at element `start`,
+    /// each `stride` after the last) that calls `fetch(r)` as it reads or writes row `r`: the
+    /// rows [`ROWS_AHEAD`] on, into L2.
+    pub(crate) fn ahead_of<T>(
+        buf: &[T],
+        (start, stride): (usize, usize),
+        (rows, len): (usize, usize),
+    ) -> Self {
+        Self::raw_ahead_of(buf.as_ptr(), buf.len(), (start, stride), (rows, len))
+    }
+
+    /// [`Self::ahead_of`] for the buffer of `buf_len` elements at `buf`.
+    pub(crate) fn raw_ahead_of<T>(
+        buf: *const T,
+        buf_len: usize,
+        (start, stride): (usize, usize),
+        (rows, len): (usize, usize),
+    ) -> Self {
+        let first = start.saturating_add(ROWS_AHEAD.saturating_mul(stride));
+        let rows = rows.saturating_sub(ROWS_AHEAD);
+        Self::raw(buf, buf_len, (first, stride), (rows, len), Cache::L2)
+    }
+
     /// [`Self::new`] for the buffer of `buf_len` elements at `buf`, into `cache`.
     fn raw<T>(
         buf: *const T,
@@ -105,6 +128,12 @@ impl RowsAhead {
         }
     }
 }
+
+/// How many rows ahead of the one it reads or writes a loop over strided rows asks for the next
+/// ([`RowsAhead::ahead_of`]). With rows a head apart (`[B, N, H, D]`) each row's first touch
+/// otherwise waits on memory: bf16 forward, B=1, H=8, D=64, N=1024, causal, one thread, the
+/// K and V rows converted with none → 8 rows ahead: 5365–5470 → 5256–5400 µs (2026-11-24).
+pub(crate) const ROWS_AHEAD: usize = 8;
 
 /// Bytes one prefetch brings in (a cache line).
 const LINE: usize = 64;

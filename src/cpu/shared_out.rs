@@ -3,7 +3,7 @@
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 
-use super::prefetch::{Cache, prefetch_rows};
+use super::prefetch::{Cache, RowsAhead, prefetch_rows};
 use super::simd::cpu_simd;
 use super::transpose::{ColScale, transpose_to};
 use crate::dtype::{DType, Element};
@@ -52,6 +52,19 @@ impl<'a, T: Copy> SharedOut<'a, T> {
     pub(crate) fn prefetch_rows(&self, (start, stride): (usize, usize), rows: usize, len: usize) {
         let at = (start, stride);
         prefetch_rows(self.ptr.cast_const(), self.len, at, (rows, len), Cache::L1);
+    }
+
+    /// For a loop that writes `rows` rows of `len` elements, the first at `start` and each
+    /// `stride` after the last: the rows a few on from the one it writes (see
+    /// [`RowsAhead::ahead_of`]).
+    pub(crate) fn rows_ahead(
+        &self,
+        (start, stride): (usize, usize),
+        rows: usize,
+        len: usize,
+    ) -> RowsAhead {
+        let at = (start, stride);
+        RowsAhead::raw_ahead_of(self.ptr.cast_const(), self.len, at, (rows, len))
     }
 
     /// Writes `values` at `start..start + values.len()`.
