@@ -178,4 +178,20 @@ mod tests {
         ahead.fetch_from(3);
         RowsAhead::NONE.fetch(0);
     }
+
+    #[test]
+    fn ahead_of_starts_rows_ahead_and_keeps_to_the_buffer() {
+        let buf = [0f32; 1000];
+        // 20 rows of 8, 30 apart: the loop's row r asks for row r + ROWS_AHEAD.
+        let ahead = RowsAhead::ahead_of(&buf, (10, 30), (20, 8));
+        assert_eq!(ahead.rows, 20 - ROWS_AHEAD);
+        assert_eq!(
+            ahead.at,
+            buf.as_ptr().wrapping_add(10 + ROWS_AHEAD * 30).cast()
+        );
+        // Fewer rows than ROWS_AHEAD: nothing to fetch; rows past the buffer are left out.
+        assert_eq!(RowsAhead::ahead_of(&buf, (0, 30), (ROWS_AHEAD, 8)).rows, 0);
+        assert_eq!(RowsAhead::ahead_of(&buf, (900, 30), (20, 8)).rows, 0);
+        assert_eq!(RowsAhead::ahead_of(&buf, (usize::MAX, 30), (20, 8)).rows, 0);
+    }
 }
