@@ -2,7 +2,9 @@
 //! output rows before it writes them: rows a head apart (`[B, N, H, D]`: 2 KiB at H=8, D=64)
 //! are sixteen short streams a panel, which the hardware prefetchers do not follow, so without
 //! a hint each 16×16 transpose waits on its rows coming from L3 or memory. The decoding kernels
-//! fetch the K and V rows they read later into L2 as they go ([`RowsAhead`]).
+//! fetch the K and V rows they read later into L2 as they go ([`RowsAhead`]), and the loops
+//! that read or write strided rows once a call (the forward's K/V packing, the backward's
+//! packing and gradient writes) a few rows ahead ([`RowsAhead::ahead_of`]).
 
 /// The cache level a prefetch fills.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
