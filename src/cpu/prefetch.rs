@@ -138,7 +138,7 @@ impl RowsAhead {
 pub(crate) const ROWS_AHEAD: usize = 8;
 
 /// Bytes one prefetch brings in (a cache line).
-const LINE: usize = 64;
+pub(crate) const LINE: usize = 64;
 
 /// Asks for the cache line of `at` in `cache` (a hint: nothing on CPUs other than x86-64).
 #[inline(always)]

@@ -366,8 +366,8 @@ unsafe fn block_cols<const R: usize, const W: usize, const UNIT: bool>(
     }
 }
 
-/// Floats in a 64-byte cache line.
-const LINE_FLOATS: usize = 16;
+/// Floats in a cache line.
+const LINE_FLOATS: usize = crate::cpu::prefetch::LINE / size_of::<f32>();
 
 /// Steps ahead that the columns-contiguous kernels fetch their values of A into L1.
 const FETCH_AHEAD: usize = 16;
