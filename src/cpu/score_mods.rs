@@ -126,6 +126,68 @@ impl ScoreMods<'_> {
     }
 }
 
+impl ScoreMods<'_> {
+    /// True when the scores pass through a softcap (whose derivative the backward needs).
+    pub(crate) fn has_softcap(&self) -> bool {
+        self.softcap.is_some()
+    }
+
+    /// The body of [`apply_score_mods_rows`].
+    #[inline(always)]
+    fn apply_query_rows(
+        &self,
+        (s, ld): (&mut [f32], usize),
+        dcap: &mut [f32],
+        rows: Range<usize>,
+        keys: Range<usize>,
+    ) {
+        let nc = keys.len();
+        let [_, _, si, sj] = self.bias.map_or([0; 4], |(_, _, layout)| layout.strides);
+        for (r, i) in rows.enumerate() {
+            let row = &mut s[r * ld..r * ld + nc];
+            if let Some(cap) = self.softcap {
+                softcap(row, cap, Some(&mut dcap[r * ld..r * ld + nc]));
+            }
+            if self.slope != 0.0 {
+                // Key keys.start + x is |c + x| keys from query i's diagonal.
+                sub_alibi(
+                    row,
+                    self.slope,
+                    keys.start as i64 - (i as i64 + self.diag),
+                    1,
+                );
+            }
+            if let Some((data, row0, _)) = self.bias {
+                let at = row0 + i * si;
+                if sj == 1 {
+                    let b = &data[at + keys.start..at + keys.end];
+                    row.iter_mut().zip(b).for_each(|(x, b)| *x += b);
+                } else {
+                    for (x, j) in row.iter_mut().zip(keys.clone()) {
+                        *x += data[at + j * sj];
+                    }
+                }
+            }
+            row.iter_mut().for_each(|x| *x *= std::f32::consts::LOG2_E);
+        }
+    }
+}
+
+multiversion! {
+    /// The backward's [`apply_score_mods`]: turns `q·k·scale` of a tile with queries `rows` as
+    /// its rows (`ld` apart in `s.0`, `s.1 = ld`) and `keys` as its columns into base-2 logits
+    /// by the options of `mods` (softcap → ALiBi → bias → `· log2e`) and stores the softcap's
+    /// derivative `1 − tanh²(s/cap)` in `dcap` (same layout, when there is a cap), a pass over
+    /// each row per step, compiled for the widest SIMD level the CPU has.
+    pub(crate) fn apply_score_mods_rows(
+        mods: &ScoreMods<'_>,
+        s: (&mut [f32], usize),
+        dcap: &mut [f32],
+        rows: Range<usize>,
+        keys: Range<usize>,
+    ) = ScoreMods::apply_query_rows;
+}
+
 /// `0, 1, …, 15` as f32.
 const IOTA: [f32; LANES] = {
     let mut a = [0f32; LANES];
