@@ -71,6 +71,9 @@ pub(crate) struct Scratch {
     dout: Vec<f32>,
     /// The (sequence, key/value head) `q` and `dout` hold.
     packed_for: Option<(usize, usize)>,
+    /// dQ of a task that has every key block of its (sequence, key/value head), summed here
+    /// (`nq × group × d16`) rather than in a partial shared by the call (see `backward`).
+    pub(crate) dq: Vec<f32>,
     /// Scores, then probabilities P: `rows × keys16`.
     s: Vec<f32>,
     /// dP, then dS.
