@@ -7,7 +7,7 @@
 //!   keeps packed.
 //!
 //! The forward uses it twice per key block: `Sᵀ = K · Qᵀ` (rows: keys, `k`: head dim) and
-//! `Oᵀ += Vᵀ · Pᵀ` (rows: value dims, `k`: keys), the latter through [`softmax_product`], which
+//! `Oᵀ += Vᵀ · Pᵀ` (rows: value dims, `k`: keys), the latter through [`softmax_product()`], which
 //! also turns the scores into `Pᵀ` on the way. [`panels_product`] can multiply the same
 //! `A` by two panels at once (two `B`s and two `C`s, each a fixed offset from the first), so
 //! each broadcast of `A` feeds two FMAs.

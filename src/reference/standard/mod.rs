@@ -63,7 +63,7 @@ fn gemm_workspace() -> usize {
     rayon::current_num_threads().saturating_mul(GEMM_WORKSPACE_BYTES)
 }
 
-/// Bytes [`backward`] allocates beyond its inputs and gradients for problem `p` (contiguous
+/// Bytes [`backward()`] allocates beyond its inputs and gradients for problem `p` (contiguous
 /// inputs): `P` and `dS` of every (sequence, head) in f32, two f32 working copies each of q, k,
 /// v and dout, and two of the gradients, and the `gemm` crate's packing buffers; with a
 /// softcap, add one `seqlen_q × seqlen_k` f32 scratch per worker thread. Saturates at
