@@ -19,7 +19,8 @@
 //! blocks a thread takes of it (they were packed per tile and key block: 10% of one thread's
 //! backward samples at N=1024, D=64; the whole backward went +8 to +15%, 2026-11-23). Nothing is
 //! repacked per product. Extra memory per thread: the sequence's Q and dO rows of one group of
-//! query heads, besides the dQ partials of `super::backward`.
+//! query heads, and their dQ when the thread's task has every key block (else the dQ partials
+//! of `super::backward`).
 //!
 //! Tiles that cross the mask boundary are cut into strips of 16 rows, each multiplying only the
 //! keys it can see (rounded out to 16) and masking per element; their dV and dK are taken once
