@@ -51,6 +51,16 @@ pub(crate) fn padded(n: usize) -> usize {
     n.div_ceil(PANEL) * PANEL
 }
 
+/// `buf` as `rows` rows `ld` apart whose columns `width..ld` are zero; the columns below `width`
+/// are left as they were, for the caller to write.
+fn padded_rows(buf: &mut Vec<f32>, (rows, width): (usize, usize), ld: usize) {
+    buf.resize(rows * ld, 0.0);
+    if width < ld {
+        buf.chunks_exact_mut(ld)
+            .for_each(|row| row[width..].fill(0.0));
+    }
+}
+
 /// Per-thread tile buffers, reused across key blocks.
 #[derive(Default)]
 pub(crate) struct Scratch {
@@ -194,12 +204,11 @@ impl<T: CpuElement> BlockCtx<'_, T> {
             self.pack_queries(&mut sc.dout, self.x.dout, &self.l.dout, dv);
             sc.packed_for = Some((b, hk));
         }
-        for buf in [&mut sc.kt, &mut sc.vt, &mut sc.k] {
-            buf.clear();
-        }
-        sc.kt.resize(d * nc16, 0.0);
-        sc.vt.resize(dv * nc16, 0.0);
-        sc.k.resize(nc16 * d16, 0.0);
+        // Only the padding is zeroed: the packing below writes everything else.
+        padded_rows(&mut sc.kt, (d, nc), nc16);
+        padded_rows(&mut sc.vt, (dv, nc), nc16);
+        padded_rows(&mut sc.k, (nc16, d), d16);
+        sc.k[nc * d16..].fill(0.0);
         // Rows a head apart come from memory one by one: K's rows are fetched a few ahead of
         // their packing, and V's, which the transpose below reads, as K's are packed.
         let (k0, v0) = (p.k_at(b, keys.start, hk), p.v_at(b, keys.start, hk));
@@ -283,8 +292,7 @@ impl<T: CpuElement> BlockCtx<'_, T> {
     fn pack_queries(&self, buf: &mut Vec<f32>, src: &[T], layout: &RowLayout, dim: usize) {
         let (p, b) = (self.p, self.b);
         let (nq, dim16, group) = (p.seqs[b].nq, padded(dim), p.group());
-        buf.clear();
-        buf.resize(group * nq * dim16, 0.0);
+        padded_rows(buf, (group * nq, dim), dim16);
         for (g, h) in (self.hk * group..(self.hk + 1) * group).enumerate() {
             let at = (p.query_at(layout, b, 0, h), layout.row);
             let ahead = RowsAhead::ahead_of(src, at, (nq, dim));
