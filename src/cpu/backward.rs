@@ -149,14 +149,15 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
     };
 
     let tasks = match direct {
+        // Sequences without keys too: their dq rows are written as zeros.
         true => (0..p.heads_kv)
-            // Sequences without keys too: their dq rows are written as zeros.
-            .flat_map(|hk| (0..p.batch).map(move |b| (b, hk)))
-            .map(|(b, hk)| Task {
-                b,
-                hk,
-                chunk: 0,
-                dq: None,
+            .flat_map(|hk| {
+                (0..p.batch).map(move |b| Task {
+                    b,
+                    hk,
+                    chunk: 0,
+                    dq: None,
+                })
             })
             .collect(),
         false => split_tasks(p, &mut partials, chunks, tiles.block_k, part_len, row_len),

@@ -241,6 +241,8 @@ impl<T: CpuElement> BlockCtx<'_, T> {
 
         let rows = self.mask.query_range_for_keys(keys.clone());
         let group = p.group();
+        sc.s.resize(self.block_q * nc16, 0.0);
+        sc.ds.resize(self.block_q * nc16, 0.0);
         for h in hk * group..(hk + 1) * group {
             let mods = ScoreMods::new(p, self.x.bias, b, h);
             let mut i0 = rows.start;
@@ -248,8 +250,6 @@ impl<T: CpuElement> BlockCtx<'_, T> {
                 let tile = i0..(i0 + self.block_q).min(rows.end);
                 i0 = tile.end;
                 let at = ScoresAt { at: 0, ld: nc16 };
-                sc.s.resize(tile.len() * nc16, 0.0);
-                sc.ds.resize(tile.len() * nc16, 0.0);
                 if self.mask.tile_is_full(tile.clone(), keys.clone()) {
                     let span = (tile.clone(), keys.clone(), keys.start);
                     self.scores(sc, h, &mods, span.clone(), false, at, dq, out);

@@ -47,6 +47,11 @@ impl<'a> ScoreMods<'a> {
     pub(crate) fn any(&self) -> bool {
         self.softcap.is_some() || self.slope != 0.0 || self.bias.is_some()
     }
+
+    /// True when the scores pass through a softcap (whose derivative the backward needs).
+    pub(crate) fn has_softcap(&self) -> bool {
+        self.softcap.is_some()
+    }
 }
 
 multiversion! {
@@ -123,13 +128,6 @@ impl ScoreMods<'_> {
             }
         }
         max
-    }
-}
-
-impl ScoreMods<'_> {
-    /// True when the scores pass through a softcap (whose derivative the backward needs).
-    pub(crate) fn has_softcap(&self) -> bool {
-        self.softcap.is_some()
     }
 
     /// The body of [`apply_score_mods_rows`].
