@@ -31,9 +31,17 @@ const KEPT_HEAD_BYTES: usize = 2 << 20;
 /// `kv_strides` elements apart and f32 or not (`f32_inputs`), and `rows_per_thread` query rows
 /// (over all heads and sequences) per rayon thread.
 ///
-/// The key block (`block_k` rows of K and V, `block_k · (d + dv) · 4` bytes, read in place or
-/// converted once) is kept near 128 KiB so it stays in the 1 MiB L2 of a core while each of the
-/// task's panels passes over it; the score panels (`block_k × 16` each) stay near L1.
+/// The key block takes 512 keys, or fewer where its rows of K and V (`block_k · (d + dv) · 4`
+/// bytes, read in place or converted once) would pass 1 MiB, the L2 of a core that each of the
+/// task's panel pairs passes over it from. Every block costs each panel an online-softmax step
+/// and each pair its setup, so longer blocks are cheaper as long as they stay in L2. Measured on
+/// the 2-core Zen 4 VM (2026-11-24, f32, B=1, H=8, N=1024, `[B, N, H, D]` unless noted; median
+/// over 5-14 interleaved rounds of each rate over the old one in the same round), `block_k` from
+/// the old rule (K and V near 128 KiB, at most 256) to this one, full / causal: D=32 256→512
+/// 1.044 / 1.037; D=64 256→512 1.009-1.011 / 1.008-1.012 (1024: 0.994 / 1.006), at N=4096
+/// 1.013 / 1.011, `[B, H, N, D]` 1.014 / 1.011 (N=4096 1.011 / 1.009), f16 inputs 1.079 / 1.028;
+/// D=128 128→512 1.060 / 1.066 (256: 1.009 / 1.027); D=256 64→512 1.046 / 1.049 (256:
+/// 1.038 / 1.040); D=512 32→256 1.057 / 1.081 (128: 1.059 / 1.070).
 ///
 /// Tasks take 128 queries and read f32 K and V in place when one head's keys and values fit in
 /// L2 and their rows do not alias in L1: a head's rows stay in L2 (and its pages in the TLB)
@@ -66,8 +74,8 @@ pub(crate) fn forward_tiles(
     (kv_strides, f32_inputs): ([usize; 2], bool),
     rows_per_thread: usize,
 ) -> ForwardTiles {
-    let key_floats = 32 * 1024;
-    let block_k = (key_floats / (d + dv)).clamp(32, 256);
+    let key_floats = L2_BYTES / size_of::<f32>();
+    let block_k = (key_floats / (d + dv)).clamp(32, 512);
     let head_bytes = nk.saturating_mul(d + dv).saturating_mul(size_of::<f32>());
     let long = head_bytes > L2_BYTES;
     let aliases = kv_strides.iter().any(|&s| aliases_in_l1(s));
@@ -107,12 +115,15 @@ mod tests {
     fn tiles_shrink_with_the_head_dim() {
         assert_eq!(
             forward_tiles(64, 64, 1024, ([512; 2], true), MANY).block_k,
+            512
+        );
+        assert_eq!(
+            forward_tiles(512, 512, 1024, ([512; 2], true), MANY).block_k,
             256
         );
-        assert!(forward_tiles(512, 512, 1024, ([512; 2], true), MANY).block_k >= 32);
         for d in [1, 8, 80, 96, 512] {
             let t = forward_tiles(d, d, 1024, ([d; 2], true), MANY);
-            assert!(t.block_k * (2 * d) * 4 <= 256 * 1024 || t.block_k == 32);
+            assert!(t.block_k * (2 * d) * 4 <= L2_BYTES, "d = {d}");
         }
     }
 
