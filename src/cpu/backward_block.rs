@@ -330,9 +330,9 @@ impl<T: CpuElement> BlockCtx<'_, T> {
     ///
     /// Before, each strip ran its own `Pᵀ·dO` and `dSᵀ·Q`, which sum over only its 16 queries,
     /// so every register block of dV and dK was loaded and stored for 16 steps; the chunks
-    /// made the whole causal backward 1.5% faster (f32, B=1, H=8, D=64, N=1024, 2 threads, Zen 4 VM, median
-    /// over 10 interleaved rounds, 2026-11-24). Strips of 8, 12, 24 or 32 rows instead of 16
-    /// were within 1%.
+    /// made the whole causal backward 1.5% faster (f32, B=1, H=8, D=64, N=1024, 2 threads,
+    /// Zen 4 VM, median over 10 interleaved rounds, 2026-11-24). Strips of 8, 12, 24 or 32
+    /// rows instead of 16 were within 1%.
     #[allow(clippy::too_many_arguments)]
     fn boundary_tile(
         &self,
