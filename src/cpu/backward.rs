@@ -15,8 +15,8 @@
 //!    partials, median over 8–20 interleaved rounds (Zen 4 VM, 2026-11-24): two threads full
 //!    1.018, causal 1.023; one thread full 1.009, causal 1.015.
 //!
-//! The loops that read or write strided rows once a call (O and dO for `D`, the packing of Q,
-//! dO, K and V, the writes of dK, dV and dQ) ask for the rows a few on from the current one
+//! The loops that read or write strided rows once a call (the packing of Q, dO, K and V, the
+//! writes of dK, dV and dQ) ask for the rows a few on from the current one
 //! ([`RowsAhead::ahead_of`]): rows a head apart otherwise each wait on memory. Measured on the
 //! 2-vCPU Zen 4 VM (2026-11-24), f32, B=1, H=8, D=64, N=1024, `backward_into`, % of the sgemm
 //! rate timed in the same round, median over 8–10 interleaved rounds, ratio with/without:
@@ -25,13 +25,14 @@
 //! Extra memory: the partials (`chunks ·` the size of dq, in f32, none with one chunk), `D`, and
 //! per-thread tiles (with one chunk, the dQ of one (sequence, key/value head) among them).
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 
 use super::SharedOut;
 use super::backward_block::{BlockCtx, Scratch, Sinks, padded};
 use super::bias_grad::BiasGrad;
 use super::elementwise::dot;
-use super::prefetch::RowsAhead;
 use crate::problem::{Problem, RowLayout};
 use crate::tensor::CpuElement;
 
@@ -244,31 +245,44 @@ fn split_tasks<'a>(
 }
 
 /// `D[b, h, i] = Σ dO∘O` over the value dimension, indexed like the log-sum-exp.
+///
+/// Walked a chunk of query rows at a time, all heads of a row together: with `[B, N, H, D]`
+/// storage that is memory order, so each 4 KiB page of O and dO is visited once for all its
+/// heads' rows rather than once per head. Per head instead, each row waited on its page's
+/// translation more than on its data (on the 2-vCPU Zen 4 VM with 4 KiB pages): f32, B=1, H=8,
+/// D=64, N=1024, `backward_into`, per head → per chunk of rows: this pass's share of one
+/// thread's call 0.9% → 0.5% (full), 1.7% → 0.8% (causal); two threads, median over 12
+/// interleaved rounds, the whole call 1.006× (full) and 1.014× (causal) as fast (2026-11-24).
 fn row_deltas<T: CpuElement>(p: &Problem, x: &Inputs<'_, T>, l: &Layouts) -> Vec<f32> {
     let mut delta = vec![0f32; p.lse_shape().iter().product()];
     let out = SharedOut::new(&mut delta, RowLayout::default());
     let dv = p.head_dim_v;
-    (0..p.batch * p.heads_q).into_par_iter().for_each(|bh| {
-        let (b, h) = (bh / p.heads_q, bh % p.heads_q);
-        let nq = p.seqs[b].nq;
-        let ahead = |x: &[T], l: &RowLayout| {
-            RowsAhead::ahead_of(x, (p.query_at(l, b, 0, h), l.row), (nq, dv))
-        };
-        let ahead = [ahead(x.out, &l.out), ahead(x.dout, &l.dout)];
-        for i in 0..nq {
-            ahead.iter().for_each(|a| a.fetch(i));
-            let (o, g) = (p.query_at(&l.out, b, i, h), p.query_at(&l.dout, b, i, h));
-            let (o, g) = (&x.out[o..o + dv], &x.dout[g..g + dv]);
-            let d = match (T::as_f32_slice(o), T::as_f32_slice(g)) {
-                (Some(o), Some(g)) => dot(o, g),
-                _ => o.iter().zip(g).map(|(a, b)| a.to_f32() * b.to_f32()).sum(),
-            };
-            // SAFETY: D[b, h, i] is written by this (b, h) task alone.
-            unsafe { out.write_row(p.lse_at(b, h, i), std::iter::once(d)) };
+    let chunks: Vec<(usize, Range<usize>)> = (0..p.batch)
+        .flat_map(|b| {
+            let nq = p.seqs[b].nq;
+            (0..nq.div_ceil(DELTA_ROWS))
+                .map(move |c| (b, c * DELTA_ROWS..((c + 1) * DELTA_ROWS).min(nq)))
+        })
+        .collect();
+    chunks.into_par_iter().for_each(|(b, rows)| {
+        for i in rows {
+            for h in 0..p.heads_q {
+                let (o, g) = (p.query_at(&l.out, b, i, h), p.query_at(&l.dout, b, i, h));
+                let (o, g) = (&x.out[o..o + dv], &x.dout[g..g + dv]);
+                let d = match (T::as_f32_slice(o), T::as_f32_slice(g)) {
+                    (Some(o), Some(g)) => dot(o, g),
+                    _ => o.iter().zip(g).map(|(a, b)| a.to_f32() * b.to_f32()).sum(),
+                };
+                // SAFETY: D[b, h, i] is written by the task of row i's chunk alone.
+                unsafe { out.write_row(p.lse_at(b, h, i), std::iter::once(d)) };
+            }
         }
     });
     delta
 }
+
+/// Query rows per task of [`row_deltas`].
+const DELTA_ROWS: usize = 64;
 
 /// `dq = factor · Σ_chunk partial`, converted to `T` and written in dq's layout.
 fn sum_partials<T: CpuElement>(
