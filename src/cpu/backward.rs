@@ -246,13 +246,15 @@ fn split_tasks<'a>(
 
 /// `D[b, h, i] = Σ dO∘O` over the value dimension, indexed like the log-sum-exp.
 ///
-/// Walked a chunk of query rows at a time, all heads of a row together: with `[B, N, H, D]`
-/// storage that is memory order, so each 4 KiB page of O and dO is visited once for all its
-/// heads' rows rather than once per head. Per head instead, each row waited on its page's
-/// translation more than on its data (on the 2-vCPU Zen 4 VM with 4 KiB pages): f32, B=1, H=8,
-/// D=64, N=1024, `backward_into`, per head → per chunk of rows: this pass's share of one
-/// thread's call 0.9% → 0.5% (full), 1.7% → 0.8% (causal); two threads, median over 12
-/// interleaved rounds, the whole call 1.006× (full) and 1.014× (causal) as fast (2026-11-24).
+/// Walked a chunk of query rows at a time in memory order: all heads of a row together where
+/// a row's heads lie side by side (`[B, N, H, D]`), so that each 4 KiB page of O and dO is
+/// visited once for all its heads' rows rather than once per head; head by head over the
+/// chunk where each head's rows are contiguous (`[B, H, N, D]`). Head by head over all rows
+/// instead, each `[B, N, H, D]` row waited on its page's translation more than on its data (on
+/// the 2-vCPU Zen 4 VM with 4 KiB pages): f32, B=1, H=8, D=64, N=1024, `backward_into`, this
+/// pass's share of one thread's call 0.9% → 0.5% (full), 1.7% → 0.8% (causal); two threads,
+/// median over 12 interleaved rounds, the whole call 1.006× (full) and 1.014× (causal) as fast
+/// (2026-11-24). `[B, H, N, D]` is as before (0.6% and 1.1%).
 fn row_deltas<T: CpuElement>(p: &Problem, x: &Inputs<'_, T>, l: &Layouts) -> Vec<f32> {
     let mut delta = vec![0f32; p.lse_shape().iter().product()];
     let out = SharedOut::new(&mut delta, RowLayout::default());
@@ -264,25 +266,30 @@ fn row_deltas<T: CpuElement>(p: &Problem, x: &Inputs<'_, T>, l: &Layouts) -> Vec
                 .map(move |c| (b, c * DELTA_ROWS..((c + 1) * DELTA_ROWS).min(nq)))
         })
         .collect();
+    let heads_inner = l.out.head < l.out.row;
     chunks.into_par_iter().for_each(|(b, rows)| {
-        for i in rows {
-            for h in 0..p.heads_q {
-                let (o, g) = (p.query_at(&l.out, b, i, h), p.query_at(&l.dout, b, i, h));
-                let (o, g) = (&x.out[o..o + dv], &x.dout[g..g + dv]);
-                let d = match (T::as_f32_slice(o), T::as_f32_slice(g)) {
-                    (Some(o), Some(g)) => dot(o, g),
-                    _ => o.iter().zip(g).map(|(a, b)| a.to_f32() * b.to_f32()).sum(),
-                };
-                // SAFETY: D[b, h, i] is written by the task of row i's chunk alone.
-                unsafe { out.write_row(p.lse_at(b, h, i), std::iter::once(d)) };
-            }
+        let row = |i: usize, h: usize| {
+            let (o, g) = (p.query_at(&l.out, b, i, h), p.query_at(&l.dout, b, i, h));
+            let (o, g) = (&x.out[o..o + dv], &x.dout[g..g + dv]);
+            let d = match (T::as_f32_slice(o), T::as_f32_slice(g)) {
+                (Some(o), Some(g)) => dot(o, g),
+                _ => o.iter().zip(g).map(|(a, b)| a.to_f32() * b.to_f32()).sum(),
+            };
+            // SAFETY: D[b, h, i] is written by the task of row i's chunk alone.
+            unsafe { out.write_row(p.lse_at(b, h, i), std::iter::once(d)) };
+        };
+        if heads_inner {
+            rows.for_each(|i| (0..p.heads_q).for_each(|h| row(i, h)));
+        } else {
+            (0..p.heads_q).for_each(|h| rows.clone().for_each(|i| row(i, h)));
         }
     });
     delta
 }
 
-/// Query rows per task of [`row_deltas`].
-const DELTA_ROWS: usize = 64;
+/// Query rows per task of [`row_deltas`] (64 and 256 were the same with `[B, N, H, D]`; 256
+/// took 5% less with `[B, H, N, D]`, whose rows it reads head by head).
+const DELTA_ROWS: usize = 256;
 
 /// `dq = factor · Σ_chunk partial`, converted to `T` and written in dq's layout.
 fn sum_partials<T: CpuElement>(
