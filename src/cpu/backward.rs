@@ -197,7 +197,7 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
             }
             if direct {
                 for h in task.hk * p.group()..(task.hk + 1) * p.group() {
-                    write_dq(p, (task.b, h), &[&own], factor, &o.dq);
+                    write_dq(p, (task.b, h), &own, factor, &o.dq);
                 }
             }
             scratch.dq = own;
@@ -244,54 +244,67 @@ fn split_tasks<'a>(
     tasks
 }
 
-/// `D[b, h, i] = Σ dO∘O` over the value dimension, indexed like the log-sum-exp.
-///
-/// Walked a chunk of query rows at a time in memory order: all heads of a row together where
-/// a row's heads lie side by side (`[B, N, H, D]`), so that each 4 KiB page of O and dO is
-/// visited once for all its heads' rows rather than once per head; head by head over the
-/// chunk where each head's rows are contiguous (`[B, H, N, D]`). Head by head over all rows
-/// instead, each `[B, N, H, D]` row waited on its page's translation more than on its data (on
-/// the 2-vCPU Zen 4 VM with 4 KiB pages): f32, B=1, H=8, D=64, N=1024, `backward_into`, this
-/// pass's share of one thread's call 0.9% → 0.5% (full), 1.7% → 0.8% (causal); two threads,
-/// median over 12 interleaved rounds, the whole call 1.006× (full) and 1.014× (causal) as fast
-/// (2026-11-24). `[B, H, N, D]` is as before (0.6% and 1.1%).
+/// `D[b, h, i] = Σ dO∘O` over the value dimension, indexed like the log-sum-exp, in O's memory
+/// order ([`for_each_query_row`]).
 fn row_deltas<T: CpuElement>(p: &Problem, x: &Inputs<'_, T>, l: &Layouts) -> Vec<f32> {
     let mut delta = vec![0f32; p.lse_shape().iter().product()];
     let out = SharedOut::new(&mut delta, RowLayout::default());
     let dv = p.head_dim_v;
-    let chunks: Vec<(usize, Range<usize>)> = (0..p.batch)
-        .flat_map(|b| {
-            let nq = p.seqs[b].nq;
-            (0..nq.div_ceil(DELTA_ROWS))
-                .map(move |c| (b, c * DELTA_ROWS..((c + 1) * DELTA_ROWS).min(nq)))
-        })
-        .collect();
-    let heads_inner = l.out.head < l.out.row;
-    chunks.into_par_iter().for_each(|(b, rows)| {
-        let row = |i: usize, h: usize| {
-            let (o, g) = (p.query_at(&l.out, b, i, h), p.query_at(&l.dout, b, i, h));
-            let (o, g) = (&x.out[o..o + dv], &x.dout[g..g + dv]);
-            let d = match (T::as_f32_slice(o), T::as_f32_slice(g)) {
-                (Some(o), Some(g)) => dot(o, g),
-                _ => o.iter().zip(g).map(|(a, b)| a.to_f32() * b.to_f32()).sum(),
-            };
-            // SAFETY: D[b, h, i] is written by the task of row i's chunk alone.
-            unsafe { out.write_row(p.lse_at(b, h, i), std::iter::once(d)) };
+    for_each_query_row(p, &l.out, |_, b, i, h| {
+        let (o, g) = (p.query_at(&l.out, b, i, h), p.query_at(&l.dout, b, i, h));
+        let (o, g) = (&x.out[o..o + dv], &x.dout[g..g + dv]);
+        let d = match (T::as_f32_slice(o), T::as_f32_slice(g)) {
+            (Some(o), Some(g)) => dot(o, g),
+            _ => o.iter().zip(g).map(|(a, b)| a.to_f32() * b.to_f32()).sum(),
         };
-        if heads_inner {
-            rows.for_each(|i| (0..p.heads_q).for_each(|h| row(i, h)));
-        } else {
-            (0..p.heads_q).for_each(|h| rows.clone().for_each(|i| row(i, h)));
-        }
+        // SAFETY: D[b, h, i] is written by this (b, i, h) alone.
+        unsafe { out.write_row(p.lse_at(b, h, i), std::iter::once(d)) };
     });
     delta
 }
 
-/// Query rows per task of [`row_deltas`] (64 and 256 were the same with `[B, N, H, D]`; 256
-/// took 5% less with `[B, H, N, D]`, whose rows it reads head by head).
-const DELTA_ROWS: usize = 256;
+/// Calls `f(buf, b, i, h)` once for every query row `i` of every sequence `b` and query head
+/// `h`, a chunk of rows per rayon task (`buf` a scratch vector of the task), in the memory order
+/// of the query-shaped `layout`: all heads of a row together where a row's heads lie side by
+/// side (`[B, N, H, D]`), so that each 4 KiB page is visited once for all its heads' rows
+/// rather than once per head; head by head over the chunk where each head's rows are
+/// contiguous (`[B, H, N, D]`).
+///
+/// Head by head over all rows instead, each `[B, N, H, D]` row waited on its page's
+/// translation more than on its data (on the 2-vCPU Zen 4 VM with 4 KiB pages): f32, B=1, H=8,
+/// D=64, N=1024, `backward_into`, `D`'s pass took 0.9% → 0.5% of one thread's call (full) and
+/// 1.7% → 0.8% (causal); two threads, median over 12 interleaved rounds, the whole call 1.006×
+/// (full) and 1.014× (causal) as fast (2026-11-24). `[B, H, N, D]` is as before (0.6%, 1.1%).
+fn for_each_query_row<F>(p: &Problem, layout: &RowLayout, f: F)
+where
+    F: Fn(&mut Vec<f32>, usize, usize, usize) + Sync,
+{
+    let chunks: Vec<(usize, Range<usize>)> = (0..p.batch)
+        .flat_map(|b| {
+            let nq = p.seqs[b].nq;
+            (0..nq.div_ceil(CHUNK_ROWS))
+                .map(move |c| (b, c * CHUNK_ROWS..((c + 1) * CHUNK_ROWS).min(nq)))
+        })
+        .collect();
+    let heads_inner = layout.head < layout.row;
+    chunks.into_par_iter().for_each(|(b, rows)| {
+        let mut buf = Vec::new();
+        if heads_inner {
+            rows.for_each(|i| (0..p.heads_q).for_each(|h| f(&mut buf, b, i, h)));
+        } else {
+            (0..p.heads_q).for_each(|h| rows.clone().for_each(|i| f(&mut buf, b, i, h)));
+        }
+    });
+}
 
-/// `dq = factor · Σ_chunk partial`, converted to `T` and written in dq's layout.
+/// Query rows per task of [`for_each_query_row`] (64 and 256 were the same with
+/// `[B, N, H, D]`; 256 took 5% less with `[B, H, N, D]`, whose rows it reads head by head).
+const CHUNK_ROWS: usize = 256;
+
+/// `dq = factor · Σ_chunk partial`, converted to `T` and written in dq's memory order (head by
+/// head over all rows before: f32, B=1, H=8 query heads on one key/value head, D=64, N=1024,
+/// `backward_into` on two threads, four chunks, median over 12 interleaved rounds: the whole
+/// call 1.025× (full) and 1.037× (causal) as fast; 2026-11-24).
 fn sum_partials<T: CpuElement>(
     p: &Problem,
     partials: &[f32],
@@ -299,49 +312,45 @@ fn sum_partials<T: CpuElement>(
     factor: f32,
     dq: &SharedOut<'_, T>,
 ) {
-    let row_len = p.group() * padded(p.head_dim);
-    let part_len = p.total_q * row_len;
-    (0..p.batch * p.heads_q).into_par_iter().for_each(|bh| {
-        let (b, h) = (bh / p.heads_q, bh % p.heads_q);
-        let rows = p.q_row(b, 0) * row_len..p.q_row(b, p.seqs[b].nq) * row_len;
-        let parts: Vec<&[f32]> = (0..chunks)
-            .map(|chunk| &partials[(chunk * p.heads_kv + p.kv_head(h)) * part_len..][rows.clone()])
-            .collect();
-        write_dq(p, (b, h), &parts, factor, dq);
+    let (d, d16, group) = (p.head_dim, padded(p.head_dim), p.group());
+    let part_len = p.total_q * group * d16;
+    for_each_query_row(p, &dq.layout, |sum, b, i, h| {
+        let at = (p.q_row(b, i) * group + h % group) * d16;
+        sum.clear();
+        sum.resize(d, 0.0);
+        for chunk in 0..chunks {
+            let part = &partials[(chunk * p.heads_kv + p.kv_head(h)) * part_len + at..][..d];
+            sum.iter_mut().zip(part).for_each(|(r, x)| *r += x);
+        }
+        // SAFETY: dq[b, i, h, ..] is written by this (b, i, h) alone.
+        unsafe { dq.write_f32_row(p.query_at(&dq.layout, b, i, h), sum, factor) };
     });
 }
 
-/// The dq rows of sequence `b`, query head `h`: `factor · Σ parts`, converted to `T` and written
-/// in dq's layout. Each part holds the dQ of the sequence's rows for h's key/value head (`[query
-/// row][group · d16]`, f32).
+/// The dq rows of sequence `b`, query head `h`, from a task that summed them all (one chunk):
+/// `factor · dQ`, converted to `T` and written in dq's layout. `dq_rows` holds the dQ of the
+/// sequence's rows for h's key/value head (`[query row][group · d16]`, f32).
 fn write_dq<T: CpuElement>(
     p: &Problem,
     (b, h): (usize, usize),
-    parts: &[&[f32]],
+    dq_rows: &[f32],
     factor: f32,
     dq: &SharedOut<'_, T>,
 ) {
     let (d, d16, group) = (p.head_dim, padded(p.head_dim), p.group());
-    let mut sum = vec![0f32; if parts.len() > 1 { d } else { 0 }];
     let nq = p.seqs[b].nq;
     let ahead = dq.rows_ahead((p.query_at(&dq.layout, b, 0, h), dq.layout.row), nq, d);
     for i in 0..nq {
         ahead.fetch(i);
         let at = (i * group + h % group) * d16;
-        let row = match parts {
-            [part] => &part[at..at + d],
-            _ => {
-                sum.fill(0.0);
-                for part in parts {
-                    sum.iter_mut()
-                        .zip(&part[at..at + d])
-                        .for_each(|(r, x)| *r += x);
-                }
-                &sum[..]
-            }
-        };
         // SAFETY: dq[b, i, h, ..] is written by this call alone.
-        unsafe { dq.write_f32_row(p.query_at(&dq.layout, b, i, h), row, factor) };
+        unsafe {
+            dq.write_f32_row(
+                p.query_at(&dq.layout, b, i, h),
+                &dq_rows[at..at + d],
+                factor,
+            )
+        };
     }
 }
 
