@@ -1,8 +1,8 @@
 //! The CPU backward (FlashAttention-2 with recomputation) against the f64 oracle's analytic
 //! gradient, aimed at the kernel's own edges: key blocks and query tiles of 64 (sizes just
-//! below, at and above), boundary tiles of every mask, the per-chunk dQ partials (tasks that
-//! split the key blocks of one key/value head, reduced afterwards) under several thread
-//! counts, GQA/MQA sums of dK/dV, the bias gradient's broadcast folds; and, on tiny problems,
+//! below, at and above), boundary tiles of every mask, the partial sums of tasks that split a
+//! key/value head's work (dQ over chunks of its key blocks, dK/dV over runs of its query heads)
+//! under several thread counts, GQA/MQA sums of dK/dV, the bias gradient's broadcast folds; and, on tiny problems,
 //! finite differences of `L = Σ dout·out` (oracle forward in f64) against the oracle's gradient
 //! and ours. Bounds: f32 relative error ≤ 1e-5, f16/bf16 within 2× the standard attention.
 
@@ -120,14 +120,21 @@ fn varlen_uneven() {
     check_backward_cases("cpu backward varlen", 240_000, &cases);
 }
 
-/// MQA and small batches split the key blocks of one key/value head over several tasks whose
-/// dQ partials are summed afterwards; the number of tasks follows the thread count, so the same
-/// cases run on pools of 1, 2 and 3 threads.
+/// With fewer (sequence, key/value head) pairs than the threads want, GQA/MQA split the query
+/// heads of a group into runs whose dK/dV partials are summed afterwards, and single-head groups
+/// split the key blocks into chunks whose dQ partials are; which split, and into how many,
+/// follows the thread count, so the same cases run on pools of 1, 2 and 3 threads.
 #[test]
-fn dq_partials_under_thread_counts() {
+fn partials_under_thread_counts() {
     let cases = vec![
         Case::new(203, 203, 32).heads(8, 1),
         Case::new(130, 260, 64).heads(2, 1).causal(),
+        Case::new(150, 300, 24).heads(1, 1).causal(),
+        Case::new(0, 0, 40)
+            .varlen(&[(65, 130), (7, 0), (30, 31)])
+            .heads(4, 1)
+            .causal()
+            .dv(24),
         Case::new(65, 300, 16)
             .heads(4, 2)
             .window(Some(100), Some(20))

@@ -1,29 +1,32 @@
 //! CPU backward: the FlashAttention-2 algorithm with recomputation, parallel with rayon.
 //!
 //! 1. `D = rowsum(dO∘O)` per (sequence, query head, query).
-//! 2. One task per (sequence, key/value head, chunk of key blocks). A task walks its key blocks;
-//!    each keeps its dK and dV in f32 while the query tiles that see it pass by (whole tiles
-//!    outside the mask are never visited), see [`super::backward_block`]. Chunks take key
-//!    blocks back and forth (`chunk_blocks`), so under a causal mask they get equal work.
-//! 3. dQ is accumulated per chunk in an f32 partial buffer (`O(N·D)` each; the rows of one
-//!    (sequence, key/value head) are one slice, so tasks own disjoint slices) and the partials
-//!    are summed into dq at the end. Splitting key blocks into chunks keeps every thread busy
-//!    even with a single key/value head. With one chunk (enough (sequence, key/value head)
-//!    pairs for the threads) each task sums its dQ in its thread's scratch and writes its dq
-//!    rows when its last key block is done, while they are still in cache: no partials, no
-//!    second pass over them. f32, B=1, H=8, D=64, N=1024, `backward_into`, ratio to the
-//!    partials, median over 8–20 interleaved rounds (Zen 4 VM, 2026-11-24): two threads full
-//!    1.018, causal 1.023; one thread full 1.009, causal 1.015.
+//! 2. One task per (sequence, key/value head), or per part of one when there are too few of
+//!    those for the threads: a run of the group's query heads, or a chunk of the key blocks
+//!    (`backward_split`). A task walks its key blocks; each keeps its dK and dV in f32 while
+//!    the query tiles of the task's heads that see it pass by (whole tiles outside the mask are
+//!    never visited), see [`super::backward_block`].
+//! 3. A task that has every key block sums its dQ in its thread's scratch and writes its dq rows
+//!    when its last key block is done, while they are still in cache. f32, B=1, H=8, D=64,
+//!    N=1024, `backward_into`, ratio to per-chunk partials, median over 8–20 interleaved
+//!    rounds (Zen 4 VM, 2026-11-24): two threads full 1.018, causal 1.023; one thread full
+//!    1.009, causal 1.015. Chunks of key blocks accumulate dQ in f32 partial buffers (`O(N·D)`
+//!    each; the rows of one (sequence, key/value head) are one slice, so tasks own disjoint
+//!    slices), summed into dq at the end; runs of query heads write their dK and dV rows to
+//!    f32 partials, summed into dk and dv at the end.
 //!
-//! The loops that read or write strided rows once a call (the packing of Q, dO, K and V, the
-//! writes of dK, dV and dQ) ask for the rows a few on from the current one
-//! ([`RowsAhead::ahead_of`]): rows a head apart otherwise each wait on memory. Measured on the
-//! 2-vCPU Zen 4 VM (2026-11-24), f32, B=1, H=8, D=64, N=1024, `backward_into`, % of the sgemm
-//! rate timed in the same round, median over 8–10 interleaved rounds, ratio with/without:
-//! one thread full 1.010, causal 1.022; two threads full 1.015, causal 1.020.
+//! The loops that read or write strided rows once a call per head (the packing of Q, dO, K and
+//! V, the writes of dK, dV and dQ) ask for the rows a few on from the current one
+//! ([`RowsAhead::ahead_of`](super::prefetch::RowsAhead::ahead_of)): rows a head apart
+//! otherwise each wait on memory. Measured on the 2-vCPU Zen 4 VM (2026-11-24), f32, B=1, H=8,
+//! D=64, N=1024, `backward_into`, % of the sgemm rate timed in the same round, median over
+//! 8–10 interleaved rounds, ratio with/without: one thread full 1.010, causal 1.022; two
+//! threads full 1.015, causal 1.020. The passes over every head's rows (`D`, the sums of the
+//! partials) go in memory order instead ([`for_each_row`]).
 //!
-//! Extra memory: the partials (`chunks ·` the size of dq, in f32, none with one chunk), `D`, and
-//! per-thread tiles (with one chunk, the dQ of one (sequence, key/value head) among them).
+//! Extra memory: the partials (`chunks ·` the size of dq, or `runs ·` the size of dk and dv, in
+//! f32; none for whole groups), `D`, and per-thread tiles (the Q, dO and, with every key block,
+//! dQ rows of the task's sequence and heads among them).
 
 use std::ops::Range;
 
@@ -31,9 +34,10 @@ use rayon::prelude::*;
 
 use super::SharedOut;
 use super::backward_block::{BlockCtx, Scratch, Sinks, padded};
+use super::backward_split::{Split, chunk_blocks};
 use super::bias_grad::BiasGrad;
 use super::elementwise::dot;
-use crate::problem::{Problem, RowLayout};
+use crate::problem::{Problem, RowLayout, Seq};
 use crate::tensor::CpuElement;
 
 pub(crate) struct Inputs<'a, T> {
@@ -90,29 +94,16 @@ fn backward_tiles(d: usize, dv: usize) -> BackwardTiles {
     }
 }
 
-/// The most memory the dQ partials may take beyond the first (a full-size f32 dQ): bounds the
-/// chunk count for long sequences on machines with many threads.
-const EXTRA_PARTIALS_BYTES: usize = 256 << 20;
-
-/// How many chunks the key blocks of each (sequence, key/value head) are split into: enough for
-/// about two tasks per thread (tasks of one problem have equal work: chunks take the key blocks
-/// back and forth so that a causal mask does not unbalance them), at most one chunk per key block,
-/// and no more than [`EXTRA_PARTIALS_BYTES`] of extra dQ partials.
-fn key_chunks(p: &Problem, block_k: usize) -> usize {
-    let target = 2 * rayon::current_num_threads();
-    let groups = (p.batch * p.heads_kv).max(1);
-    let blocks = p.max_nk.div_ceil(block_k).max(1);
-    let partial_bytes = (p.total_q * p.heads_q * padded(p.head_dim) * 4).max(1);
-    let by_memory = 1 + EXTRA_PARTIALS_BYTES / partial_bytes;
-    target.div_ceil(groups).min(by_memory).clamp(1, blocks)
-}
-
-/// One task: the key blocks of chunk `chunk` ([`chunk_blocks`]) of sequence `b`, key/value head `hk`, and the
-/// task's dQ partial (rows of sequence `b`, `group × d16` per row), none when the task has every
-/// key block (one chunk): it then sums dQ in its thread's scratch and writes dq itself.
+/// One task: sequence `b`, key/value head `hk`, the query heads `heads` of its group (all, or
+/// run `run` of them) and the key blocks of chunk `chunk` ([`chunk_blocks`]; all with one
+/// chunk). `dq` is the task's dQ partial (rows of sequence `b`, `group × d16` per row) when the
+/// key blocks are split; otherwise the task sums dQ in its thread's scratch and writes dq
+/// itself.
 struct Task<'a> {
     b: usize,
     hk: usize,
+    heads: Range<usize>,
+    run: usize,
     chunk: usize,
     dq: Option<&'a mut [f32]>,
 }
@@ -120,17 +111,24 @@ struct Task<'a> {
 pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: Outputs<'_, T>) {
     let tiles = backward_tiles(p.head_dim, p.head_dim_v);
     let delta = row_deltas(p, &x, l);
-    let chunks = key_chunks(p, tiles.block_k);
+    let split = Split::of(p, tiles.block_k, rayon::current_num_threads());
+    let (chunks, runs) = (split.chunks(), split.runs());
     let row_len = p.group() * padded(p.head_dim);
     let part_len = p.total_q * row_len;
     // Zeros written by all threads (see `filled`: the products read the partials first). With
     // one chunk, each task sums its dQ in its own scratch instead, still in cache when it is
     // written to dq.
-    let direct = chunks == 1;
-    let mut partials = match direct {
-        true => Vec::new(),
-        false => super::filled(chunks * p.heads_kv * part_len, 0f32),
+    let mut partials = match chunks {
+        1 => Vec::new(),
+        _ => super::filled(chunks * p.heads_kv * part_len, 0f32),
     };
+    // Runs of query heads write their dK and dV rows here, every row once: `[run][key row][key
+    // head][d or dv]`, f32, in the rows of the packed (or flattened) keys.
+    let widths = [p.head_dim, p.head_dim_v];
+    let mut key_parts = widths.map(|w| match runs {
+        1 => Vec::new(),
+        _ => super::filled(runs * p.batch * p.max_nk * p.heads_kv * w, 0f32),
+    });
 
     let bias_shape = p.bias.as_ref().map(|(t, _)| t.shape().to_vec());
     let dbias = o
@@ -142,6 +140,19 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
         dv: &o.dv,
         dbias: dbias.as_ref(),
     };
+    let [dk_parts, dv_parts] = {
+        let [dk, dv] = key_parts.each_mut();
+        [(widths[0], dk), (widths[1], dv)].map(|part| key_partial_outs(p, part, runs))
+    };
+    let run_sinks: Vec<Sinks<'_, '_, f32>> = dk_parts
+        .iter()
+        .zip(&dv_parts)
+        .map(|(dk, dv)| Sinks {
+            dk,
+            dv,
+            dbias: dbias.as_ref(),
+        })
+        .collect();
     let score_mods = p.has_score_mods();
     let alpha = if score_mods {
         p.scale
@@ -149,19 +160,26 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
         p.scale * std::f32::consts::LOG2_E
     };
 
-    let tasks = match direct {
+    let group = p.group();
+    let tasks = match chunks {
         // Sequences without keys too: their dq rows are written as zeros.
-        true => (0..p.heads_kv)
+        1 => (0..p.heads_kv)
             .flat_map(|hk| {
-                (0..p.batch).map(move |b| Task {
-                    b,
-                    hk,
-                    chunk: 0,
-                    dq: None,
+                let per_run = group / runs;
+                (0..runs).flat_map(move |run| {
+                    let h0 = hk * group + run * per_run;
+                    (0..p.batch).map(move |b| Task {
+                        b,
+                        hk,
+                        heads: h0..h0 + per_run,
+                        run,
+                        chunk: 0,
+                        dq: None,
+                    })
                 })
             })
             .collect(),
-        false => split_tasks(p, &mut partials, chunks, tiles.block_k, part_len, row_len),
+        _ => split_tasks(p, &mut partials, chunks, tiles.block_k, part_len, row_len),
     };
     let factor = p.scale / alpha;
     tasks
@@ -174,6 +192,7 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
                 delta: &delta,
                 b: task.b,
                 hk: task.hk,
+                heads: task.heads.clone(),
                 mask: p.mask(task.b),
                 score_mods,
                 alpha,
@@ -181,46 +200,92 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
             };
             let (nq, nk) = (p.seqs[task.b].nq, p.seqs[task.b].nk);
             let mut own = std::mem::take(&mut scratch.dq);
+            let direct = task.dq.is_none();
             let dq = match task.dq {
                 Some(dq) => dq,
                 None => {
                     own.clear();
-                    own.resize(nq * row_len, 0.0);
+                    own.resize(nq * task.heads.len() * padded(p.head_dim), 0.0);
                     &mut own[..]
                 }
             };
-            for j in chunk_blocks(task.chunk, chunks, nk.div_ceil(tiles.block_k)) {
-                let keys = j * tiles.block_k..((j + 1) * tiles.block_k).min(nk);
-                ctx.key_block(scratch, keys, dq, &sinks);
+            let blocks = chunk_blocks(task.chunk, chunks, nk.div_ceil(tiles.block_k));
+            let keys = blocks.map(|j| j * tiles.block_k..((j + 1) * tiles.block_k).min(nk));
+            match runs {
+                1 => keys.for_each(|keys| ctx.key_block(scratch, keys, dq, &sinks)),
+                _ => keys.for_each(|keys| ctx.key_block(scratch, keys, dq, &run_sinks[task.run])),
             }
             if direct {
-                for h in task.hk * p.group()..(task.hk + 1) * p.group() {
-                    write_dq(p, (task.b, h), &own, factor, &o.dq);
+                for h in task.heads.clone() {
+                    write_dq(p, (task.b, h), (&own, &task.heads), factor, &o.dq);
                 }
             }
             scratch.dq = own;
         });
 
-    if !direct {
-        sum_partials(p, &partials, chunks, factor, &o.dq);
+    match split {
+        Split::KeyChunks(_) => sum_partials(p, &partials, chunks, factor, &o.dq),
+        Split::Heads(_) => sum_key_partials(p, &key_parts, runs, [&o.dk, &o.dv]),
+        Split::Whole => {}
     }
 }
 
-/// The key blocks (of `blocks`) that chunk `chunk` of `chunks` takes: back and forth, so that
-/// in each round of `2 · chunks` blocks chunk `c` takes the `c`-th from either end. Under a
-/// causal mask, where a block's work falls linearly with its index, the chunks get equal work
-/// (every `chunks`-th block instead gave the first chunk the most: 12, 10, 8 and 6 query tiles
-/// for four chunks of eight blocks; f32, B=1, H=8 query heads on one key/value head, D=64,
-/// N=1024, causal, `backward_into` on two threads, median over 12 interleaved rounds: 65.5% →
-/// 80.0% of the sgemm rate, 1.21×; full attention the same; 2026-11-24).
-fn chunk_blocks(chunk: usize, chunks: usize, blocks: usize) -> impl Iterator<Item = usize> {
-    let round = 2 * chunks;
-    (0..blocks).filter(move |j| j % round == chunk || j % round == round - 1 - chunk)
+/// The layout of the dK or dV partial sums of one run of query heads (`[key row][key head][w]`
+/// with `w` the head dim, the rows those of the packed or flattened keys): `key_at` finds row
+/// `(b, j, hk)` in it as in dk or dv.
+fn key_partial_layout(p: &Problem, w: usize) -> RowLayout {
+    let row = p.heads_kv * w;
+    RowLayout {
+        offset: 0,
+        batch: if p.varlen { 0 } else { p.max_nk * row },
+        row,
+        head: w,
+    }
+}
+
+/// `buf` (`runs` partial sums of rows `w` wide) cut into the writers of the runs (none for one
+/// run).
+fn key_partial_outs<'a>(
+    p: &Problem,
+    (w, buf): (usize, &'a mut Vec<f32>),
+    runs: usize,
+) -> Vec<SharedOut<'a, f32>> {
+    let run_len = p.batch * p.max_nk * p.heads_kv * w;
+    if runs == 1 || run_len == 0 {
+        return Vec::new();
+    }
+    buf.chunks_exact_mut(run_len)
+        .map(|part| SharedOut::new(part, key_partial_layout(p, w)))
+        .collect()
+}
+
+/// `dk = Σ_run dK partial`, `dv = Σ_run dV partial` (each already scaled), written in their
+/// memory order.
+fn sum_key_partials<T: CpuElement>(
+    p: &Problem,
+    parts: &[Vec<f32>; 2],
+    runs: usize,
+    outs: [&SharedOut<'_, T>; 2],
+) {
+    for ((part, out), w) in parts.iter().zip(outs).zip([p.head_dim, p.head_dim_v]) {
+        let layout = key_partial_layout(p, w);
+        let run_len = p.batch * p.max_nk * p.heads_kv * w;
+        for_each_row(p, Rows::Keys, &out.layout, |sum, b, j, hk| {
+            let at = p.key_at(&layout, b, j, hk);
+            sum.clear();
+            sum.resize(w, 0.0);
+            for run in 0..runs {
+                let row = &part[run * run_len + at..][..w];
+                sum.iter_mut().zip(row).for_each(|(s, x)| *s += x);
+            }
+            // SAFETY: row (b, j, hk) of dk or dv is written by this (b, j, hk) alone.
+            unsafe { out.write_f32_row(p.key_at(&out.layout, b, j, hk), sum, 1.0) };
+        });
+    }
 }
 
 /// Cuts `partials` (`[chunk][kv head][query row][group · d16]`, `d16` the head dim rounded up
-/// to 16) into the dQ slices of every task
-/// that has key blocks.
+/// to 16) into the dQ slices of every task that has key blocks.
 fn split_tasks<'a>(
     p: &Problem,
     partials: &'a mut [f32],
@@ -244,6 +309,8 @@ fn split_tasks<'a>(
                     tasks.push(Task {
                         b,
                         hk,
+                        heads: hk * p.group()..(hk + 1) * p.group(),
+                        run: 0,
                         chunk,
                         dq: Some(dq),
                     });
@@ -255,12 +322,12 @@ fn split_tasks<'a>(
 }
 
 /// `D[b, h, i] = Σ dO∘O` over the value dimension, indexed like the log-sum-exp, in O's memory
-/// order ([`for_each_query_row`]).
+/// order ([`for_each_row`]).
 fn row_deltas<T: CpuElement>(p: &Problem, x: &Inputs<'_, T>, l: &Layouts) -> Vec<f32> {
     let mut delta = vec![0f32; p.lse_shape().iter().product()];
     let out = SharedOut::new(&mut delta, RowLayout::default());
     let dv = p.head_dim_v;
-    for_each_query_row(p, &l.out, |_, b, i, h| {
+    for_each_row(p, Rows::Queries, &l.out, |_, b, i, h| {
         let (o, g) = (p.query_at(&l.out, b, i, h), p.query_at(&l.dout, b, i, h));
         let (o, g) = (&x.out[o..o + dv], &x.dout[g..g + dv]);
         let d = match (T::as_f32_slice(o), T::as_f32_slice(g)) {
@@ -273,41 +340,53 @@ fn row_deltas<T: CpuElement>(p: &Problem, x: &Inputs<'_, T>, l: &Layouts) -> Vec
     delta
 }
 
-/// Calls `f(buf, b, i, h)` once for every query row `i` of every sequence `b` and query head
-/// `h`, a chunk of rows per rayon task (`buf` a scratch vector of the task), in the memory order
-/// of the query-shaped `layout`: all heads of a row together where a row's heads lie side by
-/// side (`[B, N, H, D]`), so that each 4 KiB page is visited once for all its heads' rows
-/// rather than once per head; head by head over the chunk where each head's rows are
-/// contiguous (`[B, H, N, D]`).
+/// Which rows [`for_each_row`] visits: every query row of every query head, or every key row
+/// of every key/value head.
+#[derive(Clone, Copy)]
+enum Rows {
+    Queries,
+    Keys,
+}
+
+/// Calls `f(buf, b, i, h)` once for every row `i` of every sequence `b` and head `h` (query or
+/// key rows and heads, per `rows`), a chunk of rows per rayon task (`buf` a scratch vector of
+/// the task), in the memory order of `layout`: all heads of a row together where a row's heads
+/// lie side by side (`[B, N, H, D]`), so that each 4 KiB page is visited once for all its
+/// heads' rows rather than once per head; head by head over the chunk where each head's rows
+/// are contiguous (`[B, H, N, D]`).
 ///
 /// Head by head over all rows instead, each `[B, N, H, D]` row waited on its page's
 /// translation more than on its data (on the 2-vCPU Zen 4 VM with 4 KiB pages): f32, B=1, H=8,
 /// D=64, N=1024, `backward_into`, `D`'s pass took 0.9% → 0.5% of one thread's call (full) and
 /// 1.7% → 0.8% (causal); two threads, median over 12 interleaved rounds, the whole call 1.006×
 /// (full) and 1.014× (causal) as fast (2026-11-24). `[B, H, N, D]` is as before (0.6%, 1.1%).
-fn for_each_query_row<F>(p: &Problem, layout: &RowLayout, f: F)
+fn for_each_row<F>(p: &Problem, rows: Rows, layout: &RowLayout, f: F)
 where
     F: Fn(&mut Vec<f32>, usize, usize, usize) + Sync,
 {
+    let (len, heads): (fn(&Seq) -> usize, usize) = match rows {
+        Rows::Queries => (|s| s.nq, p.heads_q),
+        Rows::Keys => (|s| s.nk, p.heads_kv),
+    };
     let chunks: Vec<(usize, Range<usize>)> = (0..p.batch)
         .flat_map(|b| {
-            let nq = p.seqs[b].nq;
-            (0..nq.div_ceil(CHUNK_ROWS))
-                .map(move |c| (b, c * CHUNK_ROWS..((c + 1) * CHUNK_ROWS).min(nq)))
+            let n = len(&p.seqs[b]);
+            (0..n.div_ceil(CHUNK_ROWS))
+                .map(move |c| (b, c * CHUNK_ROWS..((c + 1) * CHUNK_ROWS).min(n)))
         })
         .collect();
     let heads_inner = layout.head < layout.row;
     chunks.into_par_iter().for_each(|(b, rows)| {
         let mut buf = Vec::new();
         if heads_inner {
-            rows.for_each(|i| (0..p.heads_q).for_each(|h| f(&mut buf, b, i, h)));
+            rows.for_each(|i| (0..heads).for_each(|h| f(&mut buf, b, i, h)));
         } else {
-            (0..p.heads_q).for_each(|h| rows.clone().for_each(|i| f(&mut buf, b, i, h)));
+            (0..heads).for_each(|h| rows.clone().for_each(|i| f(&mut buf, b, i, h)));
         }
     });
 }
 
-/// Query rows per task of [`for_each_query_row`] (64 and 256 were the same with
+/// Rows per task of [`for_each_row`] (64 and 256 were the same with
 /// `[B, N, H, D]`; 256 took 5% less with `[B, H, N, D]`, whose rows it reads head by head).
 const CHUNK_ROWS: usize = 256;
 
@@ -324,7 +403,7 @@ fn sum_partials<T: CpuElement>(
 ) {
     let (d, d16, group) = (p.head_dim, padded(p.head_dim), p.group());
     let part_len = p.total_q * group * d16;
-    for_each_query_row(p, &dq.layout, |sum, b, i, h| {
+    for_each_row(p, Rows::Queries, &dq.layout, |sum, b, i, h| {
         let at = (p.q_row(b, i) * group + h % group) * d16;
         sum.clear();
         sum.resize(d, 0.0);
@@ -339,20 +418,20 @@ fn sum_partials<T: CpuElement>(
 
 /// The dq rows of sequence `b`, query head `h`, from a task that summed them all (one chunk):
 /// `factor · dQ`, converted to `T` and written in dq's layout. `dq_rows` holds the dQ of the
-/// sequence's rows for h's key/value head (`[query row][group · d16]`, f32).
+/// sequence's rows for the task's query heads `heads` (`[query row][heads · d16]`, f32).
 fn write_dq<T: CpuElement>(
     p: &Problem,
     (b, h): (usize, usize),
-    dq_rows: &[f32],
+    (dq_rows, heads): (&[f32], &Range<usize>),
     factor: f32,
     dq: &SharedOut<'_, T>,
 ) {
-    let (d, d16, group) = (p.head_dim, padded(p.head_dim), p.group());
+    let (d, d16) = (p.head_dim, padded(p.head_dim));
     let nq = p.seqs[b].nq;
     let ahead = dq.rows_ahead((p.query_at(&dq.layout, b, 0, h), dq.layout.row), nq, d);
     for i in 0..nq {
         ahead.fetch(i);
-        let at = (i * group + h % group) * d16;
+        let at = (i * heads.len() + h - heads.start) * d16;
         // SAFETY: dq[b, i, h, ..] is written by this call alone.
         unsafe {
             dq.write_f32_row(
@@ -370,40 +449,6 @@ mod tests {
 
     /// A key block's five f32 buffers (`αKᵀ`, `Vᵀ`, `αK`, dK, dV) stay within 640 KiB at every
     /// head dim, and tiles are whole 16-row panels.
-    /// Every key block goes to one chunk, in order, and under a causal mask (block `j` of `n`
-    /// seen by `n − j` query tiles) the chunks get equal work when the blocks fill whole rounds
-    /// of `2 · chunks`, and differ by less than the heaviest block's otherwise.
-    #[test]
-    fn chunks_take_every_block_once_and_balance_causal_work() {
-        for blocks in 1..40 {
-            for chunks in 1..=blocks.min(9) {
-                let mut seen = vec![0; blocks];
-                let work: Vec<usize> = (0..chunks)
-                    .map(|c| {
-                        let mine: Vec<usize> = chunk_blocks(c, chunks, blocks).collect();
-                        assert!(mine.windows(2).all(|w| w[0] < w[1]));
-                        assert_eq!(mine.first(), Some(&c), "{blocks} blocks, {chunks} chunks");
-                        mine.iter().for_each(|&j| seen[j] += 1);
-                        mine.iter().map(|&j| blocks - j).sum()
-                    })
-                    .collect();
-                assert!(
-                    seen.iter().all(|&n| n == 1),
-                    "{blocks} blocks, {chunks} chunks"
-                );
-                let (lo, hi) = (work.iter().min().unwrap(), work.iter().max().unwrap());
-                if blocks % (2 * chunks) == 0 {
-                    assert_eq!(lo, hi, "{blocks} blocks, {chunks} chunks: {work:?}");
-                } else {
-                    assert!(
-                        hi - lo <= blocks,
-                        "{blocks} blocks, {chunks} chunks: {work:?}"
-                    );
-                }
-            }
-        }
-    }
-
     #[test]
     fn key_block_buffers_fit_l2_at_every_head_dim() {
         for d in (1..=512).step_by(7).chain([64, 128, 256, 257, 512]) {

@@ -2,7 +2,8 @@
 //!
 //! A key block's K and V are packed once as f32 (K times `alpha`, the factor that turns `q·k`
 //! into the logits the softmax exponentiates) and its `dK`, `dV` accumulate in f32 while every
-//! query tile of the group's heads that sees the block passes by:
+//! query tile of the task's query heads (its key/value head's group, or a run of it) that sees
+//! the block passes by:
 //!
 //! ```text
 //! S  = Q·(αK)ᵀ           score options (softcap, ALiBi, bias), mask on boundary tiles
@@ -15,10 +16,10 @@
 //! of the right operand (see [`super::microkernel`]): A is read in place whatever its strides
 //! (Pᵀ and dSᵀ are transposed views of the score tile), and the right operands are kept
 //! 16-wide: the block's `αKᵀ`, `Vᵀ` and `αK`, zero-padded to multiples of 16 columns once per
-//! block, Q and dO packed (as f32, padded) once per (sequence, key/value head) for all the key
-//! blocks a thread takes of it (they were packed per tile and key block: 10% of one thread's
+//! block, Q and dO packed (as f32, padded) once per (sequence, query heads) for all the key
+//! blocks a thread takes of them (they were packed per tile and key block: 10% of one thread's
 //! backward samples at N=1024, D=64; the whole backward went +8 to +15%, 2026-11-23). Nothing is
-//! repacked per product. Extra memory per thread: the sequence's Q and dO rows of one group of
+//! repacked per product. Extra memory per thread: the sequence's Q and dO rows of the task's
 //! query heads, and their dQ when the thread's task has every key block (else the dQ partials
 //! of `super::backward`).
 //!
@@ -75,15 +76,15 @@ pub(crate) struct Scratch {
     /// dK (`nc × d16`) and dV (`nc × dv16`) accumulators of the block.
     dk: Vec<f32>,
     dv: Vec<f32>,
-    /// Q and dO of every query row of the task's sequence, for each query head of its group:
-    /// `group × nq × d16` / `group × nq × dv16` (zero-padded), packed once per (sequence, key/value
-    /// head) rather than once per key block and tile.
+    /// Q and dO of every query row of the task's sequence, for each of its query heads:
+    /// `heads × nq × d16` / `heads × nq × dv16` (zero-padded), packed once per (sequence, query
+    /// heads) rather than once per key block and tile.
     q: Vec<f32>,
     dout: Vec<f32>,
-    /// The (sequence, key/value head) `q` and `dout` hold.
+    /// The sequence and first query head of the rows `q` and `dout` hold.
     packed_for: Option<(usize, usize)>,
     /// dQ of a task that has every key block of its (sequence, key/value head), summed here
-    /// (`nq × group × d16`) rather than in a partial shared by the call (see `backward`).
+    /// (`nq × heads × d16`) rather than in a partial shared by the call (see `backward`).
     pub(crate) dq: Vec<f32>,
     /// Scores, then probabilities P: `rows × keys16`.
     s: Vec<f32>,
@@ -94,14 +95,17 @@ pub(crate) struct Scratch {
     fold: TileFold,
 }
 
-/// Where a task writes: dK/dV rows (disjoint per key block), the bias gradient.
-pub(crate) struct Sinks<'s, 'a, T> {
-    pub dk: &'s SharedOut<'a, T>,
-    pub dv: &'s SharedOut<'a, T>,
+/// Where a task writes: dK/dV rows (disjoint per key block; `U` is the gradients' element
+/// type, or f32 for the partial sums of a task that has only some query heads of its group),
+/// the bias gradient.
+pub(crate) struct Sinks<'s, 'a, U> {
+    pub dk: &'s SharedOut<'a, U>,
+    pub dv: &'s SharedOut<'a, U>,
     pub dbias: Option<&'s BiasGrad<'a>>,
 }
 
-/// The fixed context of one task: a (sequence, key/value head).
+/// The fixed context of one task: a (sequence, key/value head), the query heads of its group
+/// that the task takes.
 pub(crate) struct BlockCtx<'a, T> {
     pub p: &'a Problem,
     pub x: &'a Inputs<'a, T>,
@@ -110,6 +114,8 @@ pub(crate) struct BlockCtx<'a, T> {
     pub delta: &'a [f32],
     pub b: usize,
     pub hk: usize,
+    /// The task's query heads: the whole group of `hk`, or a run of it.
+    pub heads: Range<usize>,
     pub mask: Mask,
     /// Whether the problem has score options (softcap, ALiBi or bias): they take natural-log
     /// logits and convert them to base 2 themselves.
@@ -186,23 +192,23 @@ fn product(
 }
 
 impl<T: CpuElement> BlockCtx<'_, T> {
-    /// Accumulates everything key block `keys` contributes: writes its dK and dV rows, adds its
-    /// part of dQ to `dq` (this task's f32 partial: rows of sequence `b`, `group × d16` per
-    /// row) and of the bias gradient.
-    pub(crate) fn key_block(
+    /// Accumulates everything key block `keys` contributes through the task's query heads:
+    /// writes its dK and dV rows, adds its part of dQ to `dq` (rows of sequence `b`,
+    /// `heads × d16` per row, f32) and of the bias gradient.
+    pub(crate) fn key_block<U: CpuElement>(
         &self,
         sc: &mut Scratch,
         keys: Range<usize>,
         dq: &mut [f32],
-        out: &Sinks<'_, '_, T>,
+        out: &Sinks<'_, '_, U>,
     ) {
         let (p, b, hk) = (self.p, self.b, self.hk);
         let (d, dv, nc) = (p.head_dim, p.head_dim_v, keys.len());
         let (d16, dv16, nc16) = (padded(d), padded(dv), padded(nc));
-        if sc.packed_for != Some((b, hk)) {
+        if sc.packed_for != Some((b, self.heads.start)) {
             self.pack_queries(&mut sc.q, self.x.q, &p.q, d);
             self.pack_queries(&mut sc.dout, self.x.dout, &self.l.dout, dv);
-            sc.packed_for = Some((b, hk));
+            sc.packed_for = Some((b, self.heads.start));
         }
         // Only the padding is zeroed: the packing below writes everything else.
         padded_rows(&mut sc.kt, (d, nc), nc16);
@@ -240,10 +246,9 @@ impl<T: CpuElement> BlockCtx<'_, T> {
         sc.dv.resize(nc * dv16, 0.0);
 
         let rows = self.mask.query_range_for_keys(keys.clone());
-        let group = p.group();
         sc.s.resize(self.block_q * nc16, 0.0);
         sc.ds.resize(self.block_q * nc16, 0.0);
-        for h in hk * group..(hk + 1) * group {
+        for h in self.heads.clone() {
             let mods = ScoreMods::new(p, self.x.bias, b, h);
             let mut i0 = rows.start;
             while i0 < rows.end {
@@ -252,15 +257,15 @@ impl<T: CpuElement> BlockCtx<'_, T> {
                 let at = ScoresAt { at: 0, ld: nc16 };
                 if self.mask.tile_is_full(tile.clone(), keys.clone()) {
                     let span = (tile.clone(), keys.clone(), keys.start);
-                    self.scores(sc, h, &mods, span.clone(), false, at, dq, out);
+                    self.scores(sc, h, &mods, span.clone(), false, at, dq, out.dbias);
                     self.key_grads(sc, h, span, at);
                 } else {
-                    self.boundary_tile(sc, h, &mods, tile, keys.clone(), dq, out);
+                    self.boundary_tile(sc, h, &mods, tile, keys.clone(), dq, out.dbias);
                 }
             }
         }
 
-        let written = |o: &SharedOut<'_, T>, len: usize| {
+        let written = |o: &SharedOut<'_, U>, len: usize| {
             let at = (p.key_at(&o.layout, b, keys.start, hk), o.layout.row);
             o.rows_ahead(at, nc, len)
         };
@@ -285,15 +290,15 @@ impl<T: CpuElement> BlockCtx<'_, T> {
         }
     }
 
-    /// Every query row of sequence `b`, for each query head of the task's group, of a
-    /// query-shaped operand (`dim` wide) into `buf` as f32, `dim16` wide and zero-padded:
-    /// `group × nq × dim16`. Packed even when f32: read in place, rows `heads · dim` apart fall
+    /// Every query row of sequence `b`, for each of the task's query heads, of a query-shaped
+    /// operand (`dim` wide) into `buf` as f32, `dim16` wide and zero-padded: `heads × nq ×
+    /// dim16`. Packed even when f32: read in place, rows `heads · dim` apart fall
     /// into few L1 sets (at H=32, D=64 the backward ran 13% slower in place).
     fn pack_queries(&self, buf: &mut Vec<f32>, src: &[T], layout: &RowLayout, dim: usize) {
         let (p, b) = (self.p, self.b);
-        let (nq, dim16, group) = (p.seqs[b].nq, padded(dim), p.group());
-        padded_rows(buf, (group * nq, dim), dim16);
-        for (g, h) in (self.hk * group..(self.hk + 1) * group).enumerate() {
+        let (nq, dim16) = (p.seqs[b].nq, padded(dim));
+        padded_rows(buf, (self.heads.len() * nq, dim), dim16);
+        for (g, h) in self.heads.clone().enumerate() {
             let at = (p.query_at(layout, b, 0, h), layout.row);
             let ahead = RowsAhead::ahead_of(src, at, (nq, dim));
             for i in 0..nq {
@@ -314,7 +319,7 @@ impl<T: CpuElement> BlockCtx<'_, T> {
         dim: usize,
     ) -> Strided<'s> {
         let (nq, dim16) = (self.p.seqs[self.b].nq, padded(dim));
-        let g = h - self.hk * self.p.group();
+        let g = h - self.heads.start;
         Strided {
             data: &buf[(g * nq + rows.start) * dim16..(g * nq + rows.end) * dim16],
             rs: dim16,
@@ -342,7 +347,7 @@ impl<T: CpuElement> BlockCtx<'_, T> {
         tile: Range<usize>,
         keys: Range<usize>,
         dq: &mut [f32],
-        out: &Sinks<'_, '_, T>,
+        dbias: Option<&BiasGrad<'_>>,
     ) {
         let ld = padded(keys.len());
         for s0 in tile.clone().step_by(PANEL) {
@@ -372,7 +377,7 @@ impl<T: CpuElement> BlockCtx<'_, T> {
                 ld,
             };
             let span = (strip, lo..hi, keys.start);
-            self.scores(sc, h, mods, span, needs_mask, at, dq, out);
+            self.scores(sc, h, mods, span, needs_mask, at, dq, dbias);
         }
         for c0 in keys.clone().step_by(KEY_CHUNK) {
             let chunk = c0..(c0 + KEY_CHUNK).min(keys.end);
@@ -403,7 +408,7 @@ impl<T: CpuElement> BlockCtx<'_, T> {
         needs_mask: bool,
         at: ScoresAt,
         dq: &mut [f32],
-        out: &Sinks<'_, '_, T>,
+        dbias: Option<&BiasGrad<'_>>,
     ) {
         let (p, b) = (self.p, self.b);
         let (d, dv) = (p.head_dim, p.head_dim_v);
@@ -476,7 +481,7 @@ impl<T: CpuElement> BlockCtx<'_, T> {
             let row = r * ld..r * ld + nc16;
             softmax_grad(&mut ds[row.clone()], &s[row], delta);
         }
-        if let Some(db) = out.dbias {
+        if let Some(db) = dbias {
             db.add_tile(fold, (ds, ld), b, h, rows.clone(), keys.clone());
         }
         if mods.has_softcap() {
@@ -487,11 +492,10 @@ impl<T: CpuElement> BlockCtx<'_, T> {
             }
         }
 
-        let group = p.group();
-        let hh = h - self.hk * group;
+        let (width, hh) = (self.heads.len(), h - self.heads.start);
         let dq_rows = Panels {
-            data: &mut dq[(rows.start * group + hh) * d16..],
-            rs: group * d16,
+            data: &mut dq[(rows.start * width + hh) * d16..],
+            rs: width * d16,
         };
         let ds_rows = Strided {
             data: ds,

@@ -2,6 +2,7 @@
 
 mod backward;
 mod backward_block;
+mod backward_split;
 mod bias_grad;
 pub(crate) mod convert;
 mod decode;

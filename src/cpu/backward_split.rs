@@ -1,0 +1,170 @@
+//! How the CPU backward splits its work into tasks: one per (sequence, key/value head) when
+//! there are enough of those for the threads; else the query heads of each group split into
+//! runs (GQA/MQA), each run a task with dK/dV partial sums; else the key blocks split into
+//! chunks, each chunk a task with dQ partial sums.
+//!
+//! A run of query heads packs only its own heads' Q and dO rows and owns their dQ, so nothing
+//! on the query side is done twice; its price is the K and V of each key block packed once per
+//! run, and partial dK/dV (the smaller side under GQA: `heads_kv · nk` rows against
+//! `heads_q · nq`) summed at the end. Chunks of key blocks, which a group of one query head
+//! needs, pack every query row of the group once per chunk and sum dQ partials instead. f32,
+//! B=1, D=64, N=1024, `backward_into` on two threads (Zen 4 VM, median over 12 interleaved
+//! rounds, 2026-11-24), runs against chunks: H=8 on one key/value head (4 runs or 4 chunks)
+//! 90.0% → 97.3% of the sgemm rate full, 80.1% → 89.9% causal (1.08×, 1.13×); on two (2 runs
+//! or 2 chunks) 1.011× and 1.009×.
+
+use super::backward_block::padded;
+use crate::problem::Problem;
+
+/// The most memory the partial sums may take (dQ beyond the first full-size f32 dQ, or dK and
+/// dV): bounds the split for long sequences on machines with many threads.
+const EXTRA_PARTIALS_BYTES: usize = 256 << 20;
+
+/// How the backward splits its work over tasks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Split {
+    /// One task per (sequence, key/value head), with every query head of its group and every
+    /// key block: no partial sums.
+    Whole,
+    /// The query heads of each group in this many runs of equal length, each run a task with
+    /// every key block; dK and dV summed over the runs afterwards.
+    Heads(usize),
+    /// The key blocks of each (sequence, key/value head) in this many chunks
+    /// ([`chunk_blocks`]), each chunk a task with every query head of the group; dQ summed over
+    /// the chunks afterwards.
+    KeyChunks(usize),
+}
+
+impl Split {
+    /// About two tasks per thread: whole groups when there are enough; else the fewest runs of
+    /// query heads that make enough (a divisor of the group size, so runs have equal work), or
+    /// one run per query head if that makes one task per thread; else chunks of key blocks (at
+    /// most one chunk per key block). Partial sums stay within [`EXTRA_PARTIALS_BYTES`].
+    pub(crate) fn of(p: &Problem, block_k: usize, threads: usize) -> Split {
+        let target = 2 * threads;
+        let groups = (p.batch * p.heads_kv).max(1);
+        if groups >= target {
+            return Split::Whole;
+        }
+        let group = p.group();
+        let key_rows = p.batch * p.max_nk * p.heads_kv;
+        let run_bytes = key_rows * (p.head_dim + p.head_dim_v) * 4;
+        let runs: Vec<usize> = (2..=group)
+            .filter(|&r| group.is_multiple_of(r) && r * run_bytes <= EXTRA_PARTIALS_BYTES)
+            .collect();
+        let enough = runs.iter().find(|&&r| groups * r >= target);
+        // Runs have equal work, so one task per thread will do when two are not to be had.
+        let one_each = runs.last().filter(|&&r| groups * r >= threads);
+        if let Some(&runs) = enough.or(one_each) {
+            return Split::Heads(runs);
+        }
+        let blocks = p.max_nk.div_ceil(block_k).max(1);
+        let partial_bytes = (p.total_q * p.heads_q * padded(p.head_dim) * 4).max(1);
+        let by_memory = 1 + EXTRA_PARTIALS_BYTES / partial_bytes;
+        match target.div_ceil(groups).min(by_memory).clamp(1, blocks) {
+            1 => Split::Whole,
+            chunks => Split::KeyChunks(chunks),
+        }
+    }
+
+    /// Chunks of key blocks (1 unless [`Split::KeyChunks`]).
+    pub(crate) fn chunks(self) -> usize {
+        match self {
+            Split::KeyChunks(chunks) => chunks,
+            _ => 1,
+        }
+    }
+
+    /// Runs of query heads per group (1 unless [`Split::Heads`]).
+    pub(crate) fn runs(self) -> usize {
+        match self {
+            Split::Heads(runs) => runs,
+            _ => 1,
+        }
+    }
+}
+
+/// The key blocks (of `blocks`) that chunk `chunk` of `chunks` takes: back and forth, so that
+/// in each round of `2 · chunks` blocks chunk `c` takes the `c`-th from either end. Under a
+/// causal mask, where a block's work falls linearly with its index, the chunks get equal work
+/// (every `chunks`-th block instead gave the first chunk the most: 12, 10, 8 and 6 query tiles
+/// for four chunks of eight blocks; f32, B=1, H=8 query heads on one key/value head, D=64,
+/// N=1024, causal, `backward_into` on two threads, median over 12 interleaved rounds: 65.5% →
+/// 80.0% of the sgemm rate, 1.21×; full attention the same; 2026-11-24).
+pub(crate) fn chunk_blocks(
+    chunk: usize,
+    chunks: usize,
+    blocks: usize,
+) -> impl Iterator<Item = usize> {
+    let round = 2 * chunks;
+    (0..blocks).filter(move |j| j % round == chunk || j % round == round - 1 - chunk)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AttentionParams, Tensor};
+
+    /// Every key block goes to one chunk, in order, and under a causal mask (block `j` of `n`
+    /// seen by `n − j` query tiles) the chunks get equal work when the blocks fill whole rounds
+    /// of `2 · chunks`, and differ by less than the heaviest block's otherwise.
+    #[test]
+    fn chunks_take_every_block_once_and_balance_causal_work() {
+        for blocks in 1..40 {
+            for chunks in 1..=blocks.min(9) {
+                let mut seen = vec![0; blocks];
+                let work: Vec<usize> = (0..chunks)
+                    .map(|c| {
+                        let mine: Vec<usize> = chunk_blocks(c, chunks, blocks).collect();
+                        assert!(mine.windows(2).all(|w| w[0] < w[1]));
+                        assert_eq!(mine.first(), Some(&c), "{blocks} blocks, {chunks} chunks");
+                        mine.iter().for_each(|&j| seen[j] += 1);
+                        mine.iter().map(|&j| blocks - j).sum()
+                    })
+                    .collect();
+                let at = format!("{blocks} blocks, {chunks} chunks: {work:?}");
+                assert!(seen.iter().all(|&n| n == 1), "{at}");
+                let (lo, hi) = (work.iter().min().unwrap(), work.iter().max().unwrap());
+                if blocks % (2 * chunks) == 0 {
+                    assert_eq!(lo, hi, "{at}");
+                } else {
+                    assert!(hi - lo <= blocks, "{at}");
+                }
+            }
+        }
+    }
+
+    /// Whole groups when there are enough for the threads, runs of query heads under GQA/MQA
+    /// (the fewest that divide the group and give enough tasks), chunks of key blocks when the
+    /// group is one head or too small.
+    #[test]
+    fn split_follows_groups_and_threads() {
+        let problem = |b: usize, h: usize, hkv: usize, n: usize| {
+            let t = |heads| Tensor::full(&[b, n, heads, 64], crate::DType::F32, 0.5).unwrap();
+            Problem::new(&t(h), &t(hkv), &t(hkv), &AttentionParams::default()).unwrap()
+        };
+        let cases = [
+            // (batch, heads, kv heads, threads, split)
+            (1, 8, 8, 2, Split::Whole),
+            (1, 8, 1, 2, Split::Heads(4)),
+            (1, 8, 1, 4, Split::Heads(8)),
+            (1, 8, 2, 2, Split::Heads(2)),
+            (3, 2, 1, 2, Split::Heads(2)),
+            (1, 2, 1, 2, Split::Heads(2)),
+            (1, 2, 1, 4, Split::KeyChunks(8)),
+            (1, 4, 4, 4, Split::KeyChunks(2)),
+            (1, 8, 1, 8, Split::Heads(8)),
+            (1, 8, 1, 16, Split::KeyChunks(16)),
+            (2, 4, 1, 1, Split::Whole),
+        ];
+        for (b, h, hkv, threads, want) in cases {
+            let got = Split::of(&problem(b, h, hkv, 1024), 64, threads);
+            assert_eq!(got, want, "B={b} H={h} Hkv={hkv}, {threads} threads");
+        }
+        // Chunks never outnumber the key blocks.
+        assert_eq!(
+            Split::of(&problem(1, 1, 1, 100), 64, 8),
+            Split::KeyChunks(2)
+        );
+    }
+}
