@@ -11,7 +11,10 @@
 //! B=1, D=64, N=1024, `backward_into` on two threads (Zen 4 VM, median over 12 interleaved
 //! rounds, 2026-11-24), runs against chunks: H=8 on one key/value head (4 runs or 4 chunks)
 //! 90.0% → 97.3% of the sgemm rate full, 80.1% → 89.9% causal (1.08×, 1.13×); on two (2 runs
-//! or 2 chunks) 1.011× and 1.009×.
+//! or 2 chunks) 1.011× and 1.009×. More runs than needed cost their K/V packing and partials:
+//! on one key/value head 2 / 8 runs against 4, full 0.994 / 0.944, causal 0.997 / 0.905; and
+//! with enough groups for the threads (H=32 on 8 key/value heads) 2 / 4 runs against whole
+//! groups, full 0.995 / 0.950, causal 0.978 / 0.899.
 
 use super::backward_block::padded;
 use crate::problem::Problem;
@@ -38,8 +41,8 @@ pub(crate) enum Split {
 impl Split {
     /// About two tasks per thread: whole groups when there are enough; else the fewest runs of
     /// query heads that make enough (a divisor of the group size, so runs have equal work), or
-    /// one run per query head if that makes one task per thread; else chunks of key blocks (at
-    /// most one chunk per key block). Partial sums stay within [`EXTRA_PARTIALS_BYTES`].
+    /// else the fewest that make one task per thread; else chunks of key blocks (at most one
+    /// chunk per key block). Partial sums stay within [`EXTRA_PARTIALS_BYTES`].
     pub(crate) fn of(p: &Problem, block_k: usize, threads: usize) -> Split {
         let target = 2 * threads;
         let groups = (p.batch * p.heads_kv).max(1);
@@ -54,7 +57,7 @@ impl Split {
             .collect();
         let enough = runs.iter().find(|&&r| groups * r >= target);
         // Runs have equal work, so one task per thread will do when two are not to be had.
-        let one_each = runs.last().filter(|&&r| groups * r >= threads);
+        let one_each = runs.iter().find(|&&r| groups * r >= threads);
         if let Some(&runs) = enough.or(one_each) {
             return Split::Heads(runs);
         }
