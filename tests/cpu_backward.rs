@@ -130,6 +130,7 @@ fn partials_under_thread_counts() {
         Case::new(203, 203, 32).heads(8, 1),
         Case::new(130, 260, 64).heads(2, 1).causal(),
         Case::new(150, 300, 24).heads(1, 1).causal(),
+        Case::new(9, 0, 16).heads(4, 1),
         Case::new(0, 0, 40)
             .varlen(&[(65, 130), (7, 0), (30, 31)])
             .heads(4, 1)
