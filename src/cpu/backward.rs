@@ -323,8 +323,8 @@ fn split_tasks<'a>(
 
 /// `D[b, h, i] = Σ dO∘O` over the value dimension, indexed like the log-sum-exp, in O's memory
 /// order ([`for_each_row`]). f16 and bf16 rows are widened a row at a time with the CPU's
-/// conversion instructions first: converted element by element (software f16 conversion, as
-/// the crate is built without F16C), this pass took a sizeable share of the call. B=1, H=8,
+/// conversion instructions first: element by element (one conversion call each, with its
+/// run-time F16C check), this pass took a sizeable share of the call. B=1, H=8,
 /// D=64, N=1024, `backward_into`, 2 threads, median over 10 interleaved rounds: f16 1.025×
 /// (full) and 1.045× (causal), bf16 1.008× and 1.025× (Zen 4 VM, 2026-11-24).
 fn row_deltas<T: CpuElement>(p: &Problem, x: &Inputs<'_, T>, l: &Layouts) -> Vec<f32> {
