@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 
-use crate::cpu::convert::{narrow_bf16, widen_bf16};
+use crate::cpu::convert::{narrow_bf16, narrow_f16, widen_bf16, widen_f16};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 
@@ -79,11 +79,11 @@ pub(crate) trait CpuElement: Element {
     fn wrap(v: Vec<Self>) -> CpuStorage;
     /// `x` itself when `Self` is `f32` (kernels then read it in place), `None` otherwise.
     fn as_f32_slice(x: &[Self]) -> Option<&[f32]>;
-    /// Widens `src` into `dst` (equal lengths) with the CPU's conversion instructions where the
-    /// `half` crate has them (F16C for f16, detected at run time).
+    /// Widens `src` into `dst` (equal lengths) a row at a time with the CPU's vector
+    /// conversions (`cpu::convert`: f16 by AVX-512 instructions, or F16C through the `half`
+    /// crate; bf16 by loops compiled for AVX-512 or AVX2).
     fn widen_into(src: &[Self], dst: &mut [f32]);
-    /// Narrows `src` into `dst` (equal lengths), rounding to nearest even, with the CPU's
-    /// conversion instructions where the `half` crate has them (F16C for f16).
+    /// Narrows `src` into `dst` (equal lengths), rounding to nearest even, likewise.
     fn narrow_into(src: &[f32], dst: &mut [Self]);
 }
 
@@ -125,22 +125,8 @@ fn not_f32<T>(_: &[T]) -> Option<&[f32]> {
 fn copy_f32(src: &[f32], dst: &mut [f32]) {
     dst.copy_from_slice(src);
 }
-/// The `widen_into` of f16: `half`'s slice conversion (F16C where the CPU has it).
-fn widen_half<T>(src: &[T], dst: &mut [f32])
-where
-    [T]: half::slice::HalfFloatSliceExt,
-{
-    half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, dst);
-}
-/// The `narrow_into` of f16: `half`'s slice conversion (F16C where the CPU has it).
-fn narrow_half<T>(src: &[f32], dst: &mut [T])
-where
-    [T]: half::slice::HalfFloatSliceExt,
-{
-    half::slice::HalfFloatSliceExt::convert_from_f32_slice(dst, src);
-}
 cpu_element!(f32, F32, Some, copy_f32, copy_f32);
-cpu_element!(f16, F16, not_f32, widen_half, narrow_half);
+cpu_element!(f16, F16, not_f32, widen_f16, narrow_f16);
 cpu_element!(bf16, BF16, not_f32, widen_bf16, narrow_bf16);
 
 /// The buffer behind a tensor.
