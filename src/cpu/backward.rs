@@ -34,7 +34,7 @@ use rayon::prelude::*;
 
 use super::SharedOut;
 use super::backward_block::{BlockCtx, Scratch, Sinks, padded};
-use super::backward_split::{Split, chunk_blocks};
+use super::backward_split::{Split, chunk_blocks, sequence_costs};
 use super::bias_grad::BiasGrad;
 use super::elementwise::dot;
 use crate::problem::{Problem, RowLayout, Seq};
@@ -161,7 +161,7 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
     };
 
     let group = p.group();
-    let tasks = match chunks {
+    let mut tasks: Vec<Task<'_>> = match chunks {
         // Sequences without keys too: their dq rows are written as zeros.
         1 => (0..p.heads_kv)
             .flat_map(|hk| {
@@ -181,6 +181,10 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
             .collect(),
         _ => split_tasks(p, &mut partials, chunks, tiles.block_k, part_len, row_len),
     };
+    // Longest first (the sequences of a packed batch differ), so that rayon's halving of the
+    // list and its stealing hand the long tasks out first, as `Split::of` assumed.
+    let costs = sequence_costs(p);
+    tasks.sort_by(|a, b| costs[b.b].total_cmp(&costs[a.b]));
     let factor = p.scale / alpha;
     tasks
         .into_par_iter()

@@ -39,9 +39,9 @@ pub(crate) enum Split {
 }
 
 impl Split {
-    /// The split for `threads` threads. Tasks of one split have equal work, and the threads run
-    /// them in rounds, so a split is balanced when its last round leaves at most 15% of the
-    /// threads' time idle ([`balance`]). In order of preference: whole groups, then runs of
+    /// The split for `threads` threads. A split is balanced when its tasks, handed out longest
+    /// first, leave at most 15% of the threads' time idle ([`balance`]; the tasks of one
+    /// sequence have equal work, sequences of a packed batch differ). In order of preference: whole groups, then runs of
     /// query heads (fewest first; a divisor of the group size, so runs have equal work), with
     /// two balanced tasks per thread, else one; then chunks of key blocks likewise (fewest
     /// first, at most one per key block); else the best balanced of them all. Partial sums
@@ -52,7 +52,9 @@ impl Split {
     /// backward 1.18× (full) and 1.17× (causal) as fast (f32, D=64, N=1024, `backward_into`,
     /// median over 10 interleaved rounds; Zen 4 VM, 2026-11-24). One task per thread costs
     /// nothing when two cannot be had: H=2 whole against two chunks 1.000 / 0.999, H=4
-    /// 1.000 / 0.998 and 1.000 / 0.991 (full / causal).
+    /// 1.000 / 0.998 and 1.000 / 0.991 (full / causal). A packed batch of one 1024-token and
+    /// seven 128-token sequences, H=1: whole sequences left one thread with the long one, two
+    /// chunks ran 1.57× (full) and 1.47× (causal) as fast.
     pub(crate) fn of(p: &Problem, block_k: usize, threads: usize) -> Split {
         let threads = threads.max(1);
         let groups = (p.batch * p.heads_kv).max(1);
@@ -72,21 +74,22 @@ impl Split {
         let chunks: Vec<Split> = (2..=blocks.min(by_memory).min(2 * threads))
             .map(Split::KeyChunks)
             .collect();
+        let costs = sequence_costs(p);
         let tasks = |s: &Split| groups * s.chunks() * s.runs();
+        let balance = |s: &Split| balance(&costs, p.heads_kv, s.chunks() * s.runs(), threads);
         for family in [&heads, &chunks] {
             for per_thread in [2, 1] {
-                let good = |s: &&Split| {
-                    tasks(s) >= per_thread * threads && balance(tasks(s), threads) >= 0.85
-                };
+                let good = |s: &&Split| tasks(s) >= per_thread * threads && balance(s) >= 0.85;
                 if let Some(&split) = family.iter().find(good) {
                     return split;
                 }
             }
         }
         let best = |a: &&Split, b: &&Split| {
-            let (ea, eb) = (balance(tasks(a), threads), balance(tasks(b), threads));
             // The earlier (cheaper) split on ties.
-            ea.total_cmp(&eb).then(std::cmp::Ordering::Greater)
+            balance(a)
+                .total_cmp(&balance(b))
+                .then(std::cmp::Ordering::Greater)
         };
         heads
             .iter()
@@ -113,10 +116,45 @@ impl Split {
     }
 }
 
-/// The share of `threads` threads' time that `tasks` equal tasks keep busy: they run in
-/// `⌈tasks / threads⌉` rounds.
-fn balance(tasks: usize, threads: usize) -> f64 {
-    tasks as f64 / (threads * tasks.div_ceil(threads)) as f64
+/// Each sequence's work: the (query, key) pairs its mask lets through, counted a block of 128
+/// queries at a time (each block as if it saw every key its rows see).
+pub(crate) fn sequence_costs(p: &Problem) -> Vec<f64> {
+    (0..p.batch)
+        .map(|b| {
+            let (nq, mask) = (p.seqs[b].nq, p.mask(b));
+            (0..nq.div_ceil(128))
+                .map(|t| {
+                    let rows = t * 128..((t + 1) * 128).min(nq);
+                    (rows.len() * mask.key_range_for_rows(rows).len()) as f64
+                })
+                .sum()
+        })
+        .collect()
+}
+
+/// The share of `threads` threads' time kept busy when each sequence's work (`costs`) is cut
+/// into `parts` equal tasks for each of `heads_kv` key/value heads, and the tasks go, longest
+/// first, to the least loaded thread (as the backward hands them out, sorted longest first).
+fn balance(costs: &[f64], heads_kv: usize, parts: usize, threads: usize) -> f64 {
+    let mut tasks: Vec<f64> = costs
+        .iter()
+        .flat_map(|&c| std::iter::repeat_n(c / parts as f64, parts * heads_kv))
+        .collect();
+    tasks.sort_by(|a, b| b.total_cmp(a));
+    let total: f64 = tasks.iter().sum();
+    let mut load = vec![0f64; threads];
+    for t in tasks {
+        let least = (0..threads)
+            .min_by(|&a, &b| load[a].total_cmp(&load[b]))
+            .unwrap_or(0);
+        load[least] += t;
+    }
+    let longest = load.iter().copied().fold(0f64, f64::max);
+    if longest > 0.0 {
+        total / (threads as f64 * longest)
+    } else {
+        1.0
+    }
 }
 
 /// The key blocks (of `blocks`) that chunk `chunk` of `chunks` takes: back and forth, so that
@@ -206,5 +244,34 @@ mod tests {
             Split::of(&problem(1, 1, 1, 100), 64, 8),
             Split::KeyChunks(2)
         );
+        // A packed batch whose one long sequence would keep a thread busy alone is split;
+        // one of sequences of similar lengths is not.
+        let packed = |lens: &[usize], h: usize| {
+            let total: usize = lens.iter().sum();
+            let cu: Vec<i32> = std::iter::once(0)
+                .chain(lens.iter().scan(0, |end, &l| {
+                    *end += l as i32;
+                    Some(*end)
+                }))
+                .collect();
+            let t = Tensor::full(&[total, h, 16], crate::DType::F32, 0.5).unwrap();
+            let params = AttentionParams::default().varlen(cu.clone(), cu);
+            Problem::new(&t, &t, &t, &params).unwrap()
+        };
+        let skewed = packed(&[1024, 128, 128, 128, 128, 128, 128, 128], 1);
+        assert_eq!(Split::of(&skewed, 64, 2), Split::KeyChunks(2));
+        let even = packed(&[300, 310, 290, 305, 295, 300, 300, 300], 1);
+        assert_eq!(Split::of(&even, 64, 2), Split::Whole);
+    }
+
+    /// Equal tasks keep `tasks / (threads · rounds)` of the threads' time busy; one long task
+    /// among short ones keeps its thread busy after the others are done.
+    #[test]
+    fn balance_of_equal_and_skewed_tasks() {
+        assert_eq!(balance(&[1.0; 5], 1, 1, 2), 5.0 / 6.0);
+        assert_eq!(balance(&[1.0; 5], 1, 2, 2), 1.0);
+        assert_eq!(balance(&[2.0, 1.0, 1.0], 1, 1, 2), 1.0);
+        assert_eq!(balance(&[6.0, 1.0, 1.0], 1, 1, 2), 8.0 / 12.0);
+        assert_eq!(balance(&[0.0, 0.0], 3, 1, 4), 1.0);
     }
 }
