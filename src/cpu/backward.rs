@@ -382,11 +382,14 @@ where
         Rows::Queries => (|s| s.nq, p.heads_q),
         Rows::Keys => (|s| s.nk, p.heads_kv),
     };
+    // At most CHUNK_ROWS rows a task, but four tasks a thread where the rows are few.
+    let total: usize = p.seqs.iter().map(len).sum();
+    let threads = rayon::current_num_threads().max(1);
+    let step = total.div_ceil(4 * threads).clamp(16, CHUNK_ROWS);
     let chunks: Vec<(usize, Range<usize>)> = (0..p.batch)
         .flat_map(|b| {
             let n = len(&p.seqs[b]);
-            (0..n.div_ceil(CHUNK_ROWS))
-                .map(move |c| (b, c * CHUNK_ROWS..((c + 1) * CHUNK_ROWS).min(n)))
+            (0..n.div_ceil(step)).map(move |c| (b, c * step..((c + 1) * step).min(n)))
         })
         .collect();
     let heads_inner = layout.head < layout.row;
@@ -400,8 +403,12 @@ where
     });
 }
 
-/// Rows per task of [`for_each_row`] (64 and 256 were the same with
-/// `[B, N, H, D]`; 256 took 5% less with `[B, H, N, D]`, whose rows it reads head by head).
+/// The most rows per task of [`for_each_row`], which takes fewer where they would leave it
+/// fewer than four tasks a thread: at N=256 and 128 (B=1, H=8) one or two 256-row tasks kept
+/// one thread waiting on the other, and with the smaller tasks `backward_into` ran 1.026× and
+/// 1.024× (full), 1.033× and 1.034× (causal) as fast; at N=1024 1.000–1.004 either layout
+/// (2026-11-24). As the most, 64 and 256 were the same with `[B, N, H, D]`; 256 took 5% less
+/// with `[B, H, N, D]`, whose rows it reads head by head.
 const CHUNK_ROWS: usize = 256;
 
 /// `dq = factor · Σ_chunk partial`, converted to `T` and written in dq's memory order (head by
