@@ -46,7 +46,7 @@ use super::pieces::{contains, merged, pieces};
 use super::prefetch::{Cache, prefetch_rows};
 use super::schedule::for_each_in_runs;
 use super::score_mods::{ScoreMods, apply_mask, apply_score_mods};
-use super::tile_config::{ForwardTiles, forward_tiles};
+use super::tile_config::{ForwardTiles, MAX_BLOCK_Q, forward_tiles};
 use super::transpose::transpose_scaled;
 use crate::mask::Mask;
 use crate::problem::{Problem, RowLayout};
@@ -109,10 +109,16 @@ pub(crate) fn run<T: CpuElement>(
         return decode::run(p, &x, out, lse);
     }
     let rows: usize = p.seqs.iter().map(|s| s.nq).sum::<usize>() * p.heads_q;
+    // The keys one task's queries can see at most: under a window bounded on both sides, its
+    // width and the largest task's queries, however long the sequences.
+    let span = match (p.window.left, p.window.right) {
+        (Some(l), Some(r)) => l.saturating_add(r).saturating_add(1 + MAX_BLOCK_Q),
+        _ => p.max_nk,
+    };
     let tiles = forward_tiles(
         p.head_dim,
         p.head_dim_v,
-        p.max_nk,
+        (p.max_nk, span),
         ([p.k.row, p.v.row], T::as_f32_slice(x.k).is_some()),
         rows / rayon::current_num_threads(),
     );
