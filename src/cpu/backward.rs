@@ -34,7 +34,7 @@ use rayon::prelude::*;
 
 use super::SharedOut;
 use super::backward_block::{BlockCtx, Scratch, Sinks, padded};
-use super::backward_split::{Split, chunk_blocks, sequence_costs};
+use super::backward_split::{Split, chunk_blocks, key_part_len, sequence_costs};
 use super::bias_grad::BiasGrad;
 use super::elementwise::dot;
 use crate::problem::{Problem, RowLayout, Seq};
@@ -111,7 +111,8 @@ struct Task<'a> {
 pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: Outputs<'_, T>) {
     let tiles = backward_tiles(p.head_dim, p.head_dim_v);
     let delta = row_deltas(p, &x, l);
-    let split = Split::of(p, tiles.block_k, rayon::current_num_threads());
+    let costs = sequence_costs(p);
+    let split = Split::of(p, &costs, tiles.block_k, rayon::current_num_threads());
     let (chunks, runs) = (split.chunks(), split.runs());
     let row_len = p.group() * padded(p.head_dim);
     let part_len = p.total_q * row_len;
@@ -127,7 +128,7 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
     let widths = [p.head_dim, p.head_dim_v];
     let mut key_parts = widths.map(|w| match runs {
         1 => Vec::new(),
-        _ => super::filled(runs * p.batch * p.max_nk * p.heads_kv * w, 0f32),
+        _ => super::filled(runs * key_part_len(p, w), 0f32),
     });
 
     let bias_shape = p.bias.as_ref().map(|(t, _)| t.shape().to_vec());
@@ -183,7 +184,6 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
     };
     // Longest first (the sequences of a packed batch differ), so that rayon's halving of the
     // list and its stealing hand the long tasks out first, as `Split::of` assumed.
-    let costs = sequence_costs(p);
     tasks.sort_by(|a, b| costs[b.b].total_cmp(&costs[a.b]));
     let factor = p.scale / alpha;
     tasks
@@ -254,7 +254,7 @@ fn key_partial_outs<'a>(
     (w, buf): (usize, &'a mut Vec<f32>),
     runs: usize,
 ) -> Vec<SharedOut<'a, f32>> {
-    let run_len = p.batch * p.max_nk * p.heads_kv * w;
+    let run_len = key_part_len(p, w);
     if runs == 1 || run_len == 0 {
         return Vec::new();
     }
@@ -273,7 +273,7 @@ fn sum_key_partials<T: CpuElement>(
 ) {
     for ((part, out), w) in parts.iter().zip(outs).zip([p.head_dim, p.head_dim_v]) {
         let layout = key_partial_layout(p, w);
-        let run_len = p.batch * p.max_nk * p.heads_kv * w;
+        let run_len = key_part_len(p, w);
         for_each_row(p, Rows::Keys, &out.layout, |sum, b, j, hk| {
             let at = p.key_at(&layout, b, j, hk);
             sum.clear();

@@ -39,13 +39,14 @@ pub(crate) enum Split {
 }
 
 impl Split {
-    /// The split for `threads` threads. A split is balanced when its tasks, handed out longest
-    /// first, leave at most 15% of the threads' time idle ([`balance`]; the tasks of one
-    /// sequence have equal work, sequences of a packed batch differ). In order of preference: whole groups, then runs of
-    /// query heads (fewest first; a divisor of the group size, so runs have equal work), with
-    /// two balanced tasks per thread, else one; then chunks of key blocks likewise (fewest
-    /// first, at most one per key block); else the best balanced of them all. Partial sums
-    /// stay within [`EXTRA_PARTIALS_BYTES`].
+    /// The split for `threads` threads, given each sequence's work (`costs`, from
+    /// [`sequence_costs`]). A split is balanced when its tasks, handed out longest first, leave
+    /// at most 15% of the threads' time idle ([`balance`]; the tasks of one sequence have equal
+    /// work, sequences of a packed batch differ). In order of preference: whole groups, then
+    /// runs of query heads (fewest first; a divisor of the group size, so runs have equal
+    /// work), with two balanced tasks per thread, else one; then chunks of key blocks likewise
+    /// (fewest first, at most one per key block); else the best balanced of them all. Partial
+    /// sums stay within [`EXTRA_PARTIALS_BYTES`].
     ///
     /// Whole groups only when they were at least two per thread gave B=1, H=5 on two threads
     /// five tasks, three rounds for two threads: two chunks instead (ten tasks) ran the
@@ -55,12 +56,11 @@ impl Split {
     /// 1.000 / 0.998 and 1.000 / 0.991 (full / causal). A packed batch of one 1024-token and
     /// seven 128-token sequences, H=1: whole sequences left one thread with the long one, two
     /// chunks ran 1.57× (full) and 1.47× (causal) as fast.
-    pub(crate) fn of(p: &Problem, block_k: usize, threads: usize) -> Split {
+    pub(crate) fn of(p: &Problem, costs: &[f64], block_k: usize, threads: usize) -> Split {
         let threads = threads.max(1);
         let groups = (p.batch * p.heads_kv).max(1);
         let group = p.group();
-        let key_rows = p.batch * p.max_nk * p.heads_kv;
-        let run_bytes = key_rows * (p.head_dim + p.head_dim_v) * 4;
+        let run_bytes = (key_part_len(p, p.head_dim) + key_part_len(p, p.head_dim_v)) * 4;
         let heads: Vec<Split> = std::iter::once(Split::Whole)
             .chain(
                 (2..=group)
@@ -74,12 +74,11 @@ impl Split {
         let chunks: Vec<Split> = (2..=blocks.min(by_memory).min(2 * threads))
             .map(Split::KeyChunks)
             .collect();
-        let costs = sequence_costs(p);
         let tasks = |s: &Split| groups * s.chunks() * s.runs();
-        let balance = |s: &Split| balance(&costs, p.heads_kv, s.chunks() * s.runs(), threads);
+        let busy = |s: &Split| balance(costs, p.heads_kv, s.chunks() * s.runs(), threads);
         for family in [&heads, &chunks] {
             for per_thread in [2, 1] {
-                let good = |s: &&Split| tasks(s) >= per_thread * threads && balance(s) >= 0.85;
+                let good = |s: &&Split| tasks(s) >= per_thread * threads && busy(s) >= 0.85;
                 if let Some(&split) = family.iter().find(good) {
                     return split;
                 }
@@ -87,8 +86,8 @@ impl Split {
         }
         let best = |a: &&Split, b: &&Split| {
             // The earlier (cheaper) split on ties.
-            balance(a)
-                .total_cmp(&balance(b))
+            busy(a)
+                .total_cmp(&busy(b))
                 .then(std::cmp::Ordering::Greater)
         };
         heads
@@ -114,6 +113,12 @@ impl Split {
             _ => 1,
         }
     }
+}
+
+/// Elements of one run's dK or dV partial sums, rows `w` wide: a row per key of the packed (or
+/// flattened) keys and key/value head.
+pub(crate) fn key_part_len(p: &Problem, w: usize) -> usize {
+    p.batch * p.max_nk * p.heads_kv * w
 }
 
 /// Each sequence's work: the (query, key) pairs its mask lets through, counted a block of 128
@@ -235,15 +240,13 @@ mod tests {
             (1, 8, 1, 16, Split::KeyChunks(16)),
             (2, 4, 1, 1, Split::Whole),
         ];
+        let split = |p: &Problem, threads| Split::of(p, &sequence_costs(p), 64, threads);
         for (b, h, hkv, threads, want) in cases {
-            let got = Split::of(&problem(b, h, hkv, 1024), 64, threads);
+            let got = split(&problem(b, h, hkv, 1024), threads);
             assert_eq!(got, want, "B={b} H={h} Hkv={hkv}, {threads} threads");
         }
         // Chunks never outnumber the key blocks.
-        assert_eq!(
-            Split::of(&problem(1, 1, 1, 100), 64, 8),
-            Split::KeyChunks(2)
-        );
+        assert_eq!(split(&problem(1, 1, 1, 100), 8), Split::KeyChunks(2));
         // A packed batch whose one long sequence would keep a thread busy alone is split;
         // one of sequences of similar lengths is not.
         let packed = |lens: &[usize], h: usize| {
@@ -259,9 +262,9 @@ mod tests {
             Problem::new(&t, &t, &t, &params).unwrap()
         };
         let skewed = packed(&[1024, 128, 128, 128, 128, 128, 128, 128], 1);
-        assert_eq!(Split::of(&skewed, 64, 2), Split::KeyChunks(2));
+        assert_eq!(split(&skewed, 2), Split::KeyChunks(2));
         let even = packed(&[300, 310, 290, 305, 295, 300, 300, 300], 1);
-        assert_eq!(Split::of(&even, 64, 2), Split::Whole);
+        assert_eq!(split(&even, 2), Split::Whole);
     }
 
     /// Equal tasks keep `tasks / (threads · rounds)` of the threads' time busy; one long task
