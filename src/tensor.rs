@@ -8,6 +8,7 @@ use std::sync::Arc;
 use half::{bf16, f16};
 
 use crate::cpu::convert::{narrow_bf16, narrow_f16, widen_bf16, widen_f16};
+use crate::cpu::line_buf::line_aligned;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 
@@ -54,12 +55,27 @@ impl CpuStorage {
         }
     }
 
-    /// A buffer of `len` copies of `value`, rounded to `dtype`.
-    pub(crate) fn filled(dtype: DType, len: usize, value: f32) -> Self {
+    /// A buffer of `len` copies of `value`, rounded to `dtype`, from the returned offset on,
+    /// which starts a cache line (see [`line_aligned`]).
+    pub(crate) fn filled(dtype: DType, len: usize, value: f32) -> (Self, usize) {
+        fn fill<T: Copy>(len: usize, x: T) -> (Vec<T>, usize) {
+            let (mut data, offset) = line_aligned(len, x);
+            data.resize(offset + len, x);
+            (data, offset)
+        }
         match dtype {
-            DType::F32 => CpuStorage::F32(vec![value; len]),
-            DType::F16 => CpuStorage::F16(vec![f16::from_f32(value); len]),
-            DType::BF16 => CpuStorage::BF16(vec![bf16::from_f32(value); len]),
+            DType::F32 => {
+                let (v, at) = fill(len, value);
+                (CpuStorage::F32(v), at)
+            }
+            DType::F16 => {
+                let (v, at) = fill(len, f16::from_f32(value));
+                (CpuStorage::F16(v), at)
+            }
+            DType::BF16 => {
+                let (v, at) = fill(len, bf16::from_f32(value));
+                (CpuStorage::BF16(v), at)
+            }
         }
     }
 
@@ -249,9 +265,11 @@ impl Tensor {
             .map(|s| s.device_ptr() + (self.offset * self.dtype.size_in_bytes()) as u64)
     }
 
-    /// The same view (shape, strides, offset) with its whole buffer copied to `device`. A tensor
-    /// already there is returned as is (no copy). Uploading a strided view uploads its buffer, so
-    /// transposes and other views keep their strides on the GPU; downloading does the same.
+    /// The same view (shape and strides) with its buffer copied to `device`. A tensor already
+    /// there is returned as is (no copy). Uploading a strided view uploads its buffer from the
+    /// view's first element on (at offset 0 on the GPU, where allocations start aligned), so
+    /// transposes and other views keep their strides; downloading copies the whole buffer and
+    /// keeps the offset.
     ///
     /// ```
     /// use flashattn::{Device, Tensor};
@@ -267,27 +285,30 @@ impl Tensor {
             return Ok(self.clone());
         }
         let host = self.host()?;
-        let storage = match device {
-            Device::Cpu => Storage::Cpu(host.into_owned()),
-            Device::Cuda(ordinal) => Self::upload(&host, ordinal)?,
+        // Strides are never negative, so no element of the view lies before `offset`.
+        let (storage, offset) = match device {
+            Device::Cpu => (Storage::Cpu(host.into_owned()), self.offset),
+            Device::Cuda(ordinal) => (Self::upload(&host, self.offset, ordinal)?, 0),
         };
         Ok(Tensor {
             storage: Arc::new(storage),
             device,
+            offset,
             ..self.clone()
         })
     }
 
+    /// A device copy of the elements of `host` from `from` on.
     #[cfg(feature = "cuda")]
-    fn upload(host: &CpuStorage, ordinal: usize) -> Result<Storage> {
+    fn upload(host: &CpuStorage, from: usize, ordinal: usize) -> Result<Storage> {
         let gpu = crate::cuda::device::gpu(ordinal)?;
         Ok(Storage::Cuda(crate::cuda::storage::CudaStorage::upload(
-            &gpu, host,
+            &gpu, host, from,
         )?))
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn upload(_host: &CpuStorage, _ordinal: usize) -> Result<Storage> {
+    fn upload(_host: &CpuStorage, _from: usize, _ordinal: usize) -> Result<Storage> {
         Err(Error::Unsupported {
             device: "cuda",
             what: "this build has no CUDA backend (cargo feature `cuda`)".into(),
@@ -347,8 +368,8 @@ impl Tensor {
                 format!("{shape:?}"),
             )
         })?;
-        let storage = CpuStorage::filled(dtype, numel, value);
-        Self::from_cpu_storage(storage, shape, &contiguous_strides(shape), 0, "shape")
+        let (storage, offset) = CpuStorage::filled(dtype, numel, value);
+        Self::from_cpu_storage(storage, shape, &contiguous_strides(shape), offset, "shape")
     }
 
     /// The size of each dimension.

@@ -285,7 +285,8 @@ fn flashattn_view(t: &Tensor, shape: [usize; 4], strides: [usize; 4], offset: us
 }
 
 /// Upload and download give back every element bit for bit, in every dtype, for contiguous
-/// tensors, transposed views and views at an offset; the view keeps its strides on the GPU.
+/// tensors, transposed views and views at an offset; the view keeps its strides on the GPU,
+/// where its buffer starts at its first element (offset 0).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn upload_download_round_trip() {
@@ -296,8 +297,13 @@ fn upload_download_round_trip() {
         assert_eq!(g.device(), GPU);
         assert_eq!(
             (g.shape(), g.strides(), g.offset()),
-            (t.shape(), t.strides(), t.offset())
+            (t.shape(), t.strides(), 0)
         );
+        // A view at an offset uploads from its first element on.
+        let at = t.view(&[33, 40], &[40, 1], 3 * 33 * 40 + 7).unwrap();
+        let gat = at.to_device(GPU).unwrap();
+        assert_eq!((gat.strides(), gat.offset()), (at.strides(), 0));
+        assert_eq!(bits(&gat), bits(&at), "{dtype}: view at an offset");
         assert_eq!(g.dtype(), dtype);
         let back = g.to_device(Device::Cpu).unwrap();
         assert_eq!(back.device(), Device::Cpu);

@@ -36,6 +36,7 @@ use super::backward::{Inputs, Layouts};
 use super::bias_grad::{BiasGrad, TileFold};
 use super::elementwise::softmax_grad;
 use super::exp::exp2_shifted_sum;
+use super::line_buf::LineBuf;
 use super::matmul::Write;
 use super::microkernel::{PANEL, PairOffsets, PanelStrides, panels_product};
 use super::prefetch::RowsAhead;
@@ -54,7 +55,7 @@ pub(crate) fn padded(n: usize) -> usize {
 
 /// `buf` as `rows` rows `ld` apart whose columns `width..ld` are zero; the columns below `width`
 /// are left as they were, for the caller to write.
-fn padded_rows(buf: &mut Vec<f32>, (rows, width): (usize, usize), ld: usize) {
+fn padded_rows(buf: &mut LineBuf, (rows, width): (usize, usize), ld: usize) {
     buf.resize(rows * ld, 0.0);
     if width < ld {
         buf.chunks_exact_mut(ld)
@@ -66,32 +67,32 @@ fn padded_rows(buf: &mut Vec<f32>, (rows, width): (usize, usize), ld: usize) {
 #[derive(Default)]
 pub(crate) struct Scratch {
     /// `αKᵀ` of the block, `d × nc16` (zero columns past the block's keys).
-    kt: Vec<f32>,
+    kt: LineBuf,
     /// `Vᵀ` of the block, `dv × nc16`.
-    vt: Vec<f32>,
+    vt: LineBuf,
     /// V of the block, `nc × dv` (only for f16/bf16, on its way to `vt`).
-    v: Vec<f32>,
+    v: LineBuf,
     /// `αK` of the block, `nc16 × d16` (zero-padded).
-    k: Vec<f32>,
+    k: LineBuf,
     /// dK (`nc × d16`) and dV (`nc × dv16`) accumulators of the block.
-    dk: Vec<f32>,
-    dv: Vec<f32>,
+    dk: LineBuf,
+    dv: LineBuf,
     /// Q and dO of every query row of the task's sequence, for each of its query heads:
     /// `heads × nq × d16` / `heads × nq × dv16` (zero-padded), packed once per (sequence, query
     /// heads) rather than once per key block and tile.
-    q: Vec<f32>,
-    dout: Vec<f32>,
+    q: LineBuf,
+    dout: LineBuf,
     /// The sequence and first query head of the rows `q` and `dout` hold.
     packed_for: Option<(usize, usize)>,
     /// dQ of a task that has every key block of its (sequence, key/value head), summed here
     /// (`nq × heads × d16`) rather than in a partial shared by the call (see `backward`).
-    pub(crate) dq: Vec<f32>,
+    pub(crate) dq: LineBuf,
     /// Scores, then probabilities P: `rows × keys16`.
-    s: Vec<f32>,
+    s: LineBuf,
     /// dP, then dS.
-    ds: Vec<f32>,
+    ds: LineBuf,
     /// Softcap derivative per score.
-    dcap: Vec<f32>,
+    dcap: LineBuf,
     fold: TileFold,
 }
 
@@ -294,7 +295,7 @@ impl<T: CpuElement> BlockCtx<'_, T> {
     /// operand (`dim` wide) into `buf` as f32, `dim16` wide and zero-padded: `heads × nq ×
     /// dim16`. Packed even when f32: read in place, rows `heads · dim` apart fall
     /// into few L1 sets (at H=32, D=64 the backward ran 13% slower in place).
-    fn pack_queries(&self, buf: &mut Vec<f32>, src: &[T], layout: &RowLayout, dim: usize) {
+    fn pack_queries(&self, buf: &mut LineBuf, src: &[T], layout: &RowLayout, dim: usize) {
         let (p, b) = (self.p, self.b);
         let (nq, dim16) = (p.seqs[b].nq, padded(dim));
         padded_rows(buf, (self.heads.len() * nq, dim), dim16);

@@ -39,6 +39,7 @@ use super::decode;
 use super::exp::LANES;
 use super::key_rows::{KeyRows, KeySource, PackedKeys};
 use super::lanes::lane_max;
+use super::line_buf::LineBuf;
 use super::matmul::Write;
 use super::microkernel::{PairOffsets, PanelStrides, panels_product, softmax_product};
 use super::online_softmax::PanelSoftmax;
@@ -64,7 +65,7 @@ pub(crate) struct Inputs<'a, T> {
 struct Scratch {
     panels: Panels,
     /// 16 query rows in row-major order (f32), on their way into or out of a panel.
-    rows: Vec<f32>,
+    rows: LineBuf,
     kv: PackedKeys,
 }
 
@@ -72,11 +73,11 @@ struct Scratch {
 #[derive(Default)]
 struct Panels {
     /// `Qᵀ` panels, `panels × d × 16`, pre-scaled, zero past the last query.
-    qt: Vec<f32>,
+    qt: LineBuf,
     /// `Oᵀ` accumulator panels, `panels × dv × 16`.
-    ot: Vec<f32>,
+    ot: LineBuf,
     /// Scores, then probabilities, of a pair of panels: `2 × block_k × 16`.
-    st: Vec<f32>,
+    st: LineBuf,
     softmax: Vec<PanelSoftmax>,
 }
 

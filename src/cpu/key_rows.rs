@@ -3,6 +3,7 @@
 
 use std::ops::Range;
 
+use super::line_buf::LineBuf;
 use super::prefetch::RowsAhead;
 use crate::problem::Problem;
 use crate::tensor::CpuElement;
@@ -12,8 +13,8 @@ use crate::tensor::CpuElement;
 /// head; or, for heads too long to keep, the current key block alone.
 #[derive(Default)]
 pub(super) struct PackedKeys {
-    k: Vec<f32>,
-    v: Vec<f32>,
+    k: LineBuf,
+    v: LineBuf,
     /// (call, sequence, kv head) whose rows `k` and `v` hold.
     owner: Option<(u64, usize, usize)>,
     packed: Range<usize>,

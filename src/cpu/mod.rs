@@ -14,6 +14,7 @@ mod exp;
 mod forward;
 mod key_rows;
 mod lanes;
+pub(crate) mod line_buf;
 #[allow(dead_code)]
 mod matmul;
 mod microkernel;
@@ -37,6 +38,7 @@ use crate::error::{Error, Result};
 use crate::outputs::poison_outputs;
 use crate::problem::{Problem, RowLayout, row_layout, strides_like};
 use crate::tensor::{CpuElement, CpuStorage, Tensor, contiguous_strides};
+use line_buf::line_aligned;
 
 /// The vectorized row exp, also used by the standard attention baseline (one exp for both).
 pub(crate) use exp::exp2_shifted_sum;
@@ -278,7 +280,15 @@ fn backward_run<T: CpuElement>(
     outputs: backward::Outputs<'_, T>,
 ) -> Result<()> {
     let [q, k, v, out, lse, dout] = x;
-    let lse_c = lse.contiguous()?;
+    // Our own forward's lse is contiguous at an offset (its buffer starts on a line): read in
+    // place; other views are copied.
+    let lse_copy;
+    let lse_rows: &[f32] = if lse.is_contiguous() {
+        &host::<f32>(lse, "lse")?[view_range(lse)]
+    } else {
+        lse_copy = lse.contiguous()?;
+        host(&lse_copy, "lse")?
+    };
     let layouts = backward::Layouts {
         out: row_layout(out),
         dout: row_layout(dout),
@@ -296,7 +306,7 @@ fn backward_run<T: CpuElement>(
             v: host(v, "v")?,
             bias,
             out: host(out, "out")?,
-            lse: host(&lse_c, "lse")?,
+            lse: lse_rows,
             dout: host(dout, "dout")?,
         },
         &layouts,
@@ -311,7 +321,9 @@ fn backward_run<T: CpuElement>(
 /// forward at N=128 1.2-1.4x faster, N=256 1.1x; f32, B=1, H=8, D=64, 2026-11-23). Filled with NaN
 /// when poisoning is on ([`crate::set_poison_outputs`], for tests), as on the GPU.
 struct Unwritten<T> {
+    /// The elements from `offset` on (which starts a cache line: [`line_aligned`]).
     data: Vec<T>,
+    offset: usize,
     shape: Vec<usize>,
     strides: Vec<usize>,
 }
@@ -327,14 +339,14 @@ impl<T: CpuElement> Unwritten<T> {
     }
 
     fn with_strides(shape: &[usize], strides: Vec<usize>) -> Self {
-        let n = shape.iter().product();
-        let data = if poison_outputs() {
-            filled(n, T::from_f32(f32::NAN))
-        } else {
-            Vec::with_capacity(n)
-        };
+        let n: usize = shape.iter().product();
+        let (mut data, offset) = line_aligned(n, T::from_f32(0.0));
+        if poison_outputs() {
+            data.resize(offset + n, T::from_f32(f32::NAN));
+        }
         Unwritten {
             data,
+            offset,
             shape: shape.to_vec(),
             strides,
         }
@@ -348,8 +360,8 @@ impl<T: CpuElement> Unwritten<T> {
     fn shared(&mut self) -> SharedOut<'_, T> {
         let n = self.len();
         let layout = RowLayout::strided(&self.strides, 0);
-        if self.data.len() == n {
-            return SharedOut::new(&mut self.data, layout);
+        if self.data.len() > self.offset {
+            return SharedOut::new(&mut self.data[self.offset..], layout);
         }
         SharedOut::uninit(&mut self.data.spare_capacity_mut()[..n], layout)
     }
@@ -359,10 +371,10 @@ impl<T: CpuElement> Unwritten<T> {
     /// # Safety
     /// Every element must have been written through [`Self::shared`].
     unsafe fn written(mut self, arg: &'static str) -> Result<Tensor> {
-        let n = self.len();
-        // SAFETY: the first n elements are initialized (poisoned, or written: the caller's
-        // contract) and within the capacity (allocated for n).
-        unsafe { self.data.set_len(n) };
-        Tensor::from_cpu_storage(T::wrap(self.data), &self.shape, &self.strides, 0, arg)
+        let (n, offset) = (self.len(), self.offset);
+        // SAFETY: the first `offset` elements are initialized (`line_aligned`), the next n too
+        // (poisoned, or written: the caller's contract), and all are within the capacity.
+        unsafe { self.data.set_len(offset + n) };
+        Tensor::from_cpu_storage(T::wrap(self.data), &self.shape, &self.strides, offset, arg)
     }
 }

@@ -86,8 +86,9 @@ impl CudaStorage {
         Ok(s)
     }
 
-    /// Copies a host buffer to the GPU.
-    pub(crate) fn upload(gpu: &Arc<Gpu>, host: &CpuStorage) -> Result<Self> {
+    /// Copies the elements of a host buffer from `from` on to the GPU.
+    pub(crate) fn upload(gpu: &Arc<Gpu>, host: &CpuStorage, from: usize) -> Result<Self> {
+        let from = from.min(host.len());
         fn up<T: DeviceRepr>(gpu: &Gpu, v: &[T]) -> Result<CudaSlice<T>> {
             let mut d = alloc_raw(gpu, v.len())?;
             if !v.is_empty() {
@@ -98,14 +99,14 @@ impl CudaStorage {
             Ok(d)
         }
         let buf = match host {
-            CpuStorage::F32(v) => DeviceBuffer::F32(up(gpu, v)?),
-            CpuStorage::F16(v) => DeviceBuffer::F16(up(gpu, v)?),
-            CpuStorage::BF16(v) => DeviceBuffer::BF16(up(gpu, v)?),
+            CpuStorage::F32(v) => DeviceBuffer::F32(up(gpu, &v[from..])?),
+            CpuStorage::F16(v) => DeviceBuffer::F16(up(gpu, &v[from..])?),
+            CpuStorage::BF16(v) => DeviceBuffer::BF16(up(gpu, &v[from..])?),
         };
         Ok(CudaStorage {
             gpu: gpu.clone(),
             buf,
-            len: host.len(),
+            len: host.len() - from,
         })
     }
 
