@@ -37,6 +37,7 @@ use super::backward_block::{BlockCtx, Scratch, Sinks, padded};
 use super::backward_split::{Split, chunk_blocks, key_part_len, sequence_costs};
 use super::bias_grad::BiasGrad;
 use super::elementwise::dot;
+use super::line_buf::LineBuf;
 use crate::problem::{Problem, RowLayout, Seq};
 use crate::tensor::CpuElement;
 
@@ -120,15 +121,15 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
     // one chunk, each task sums its dQ in its own scratch instead, still in cache when it is
     // written to dq.
     let mut partials = match chunks {
-        1 => Vec::new(),
-        _ => super::filled(chunks * p.heads_kv * part_len, 0f32),
+        1 => LineBuf::default(),
+        _ => super::filled(chunks * p.heads_kv * part_len, 0.0),
     };
     // Runs of query heads write their dK and dV rows here, every row once: `[run][key row][key
     // head][d or dv]`, f32, in the rows of the packed (or flattened) keys.
     let widths = [p.head_dim, p.head_dim_v];
     let mut key_parts = widths.map(|w| match runs {
-        1 => Vec::new(),
-        _ => super::filled(runs * key_part_len(p, w), 0f32),
+        1 => LineBuf::default(),
+        _ => super::filled(runs * key_part_len(p, w), 0.0),
     });
 
     let bias_shape = p.bias.as_ref().map(|(t, _)| t.shape().to_vec());
@@ -251,7 +252,7 @@ fn key_partial_layout(p: &Problem, w: usize) -> RowLayout {
 /// run).
 fn key_partial_outs<'a>(
     p: &Problem,
-    (w, buf): (usize, &'a mut Vec<f32>),
+    (w, buf): (usize, &'a mut LineBuf),
     runs: usize,
 ) -> Vec<SharedOut<'a, f32>> {
     let run_len = key_part_len(p, w);
@@ -267,7 +268,7 @@ fn key_partial_outs<'a>(
 /// memory order.
 fn sum_key_partials<T: CpuElement>(
     p: &Problem,
-    parts: &[Vec<f32>; 2],
+    parts: &[LineBuf; 2],
     runs: usize,
     outs: [&SharedOut<'_, T>; 2],
 ) {

@@ -8,6 +8,8 @@
 
 use std::ops::{Deref, DerefMut};
 
+use rayon::prelude::*;
+
 /// Bytes of a cache line.
 const LINE_BYTES: usize = 64;
 
@@ -41,6 +43,21 @@ pub(crate) struct LineBuf {
 }
 
 impl LineBuf {
+    /// `n` copies of `x`, written by all threads when there are at least `parallel` of them
+    /// (see `cpu::filled`).
+    pub(crate) fn filled(n: usize, x: f32, parallel: usize) -> Self {
+        let lines = n.div_ceil(LINE_FLOATS);
+        let line = Line([x; LINE_FLOATS]);
+        let lines = if n < parallel {
+            vec![line; lines]
+        } else {
+            let mut v = Vec::with_capacity(lines);
+            v.par_extend(rayon::iter::repeat_n(line, lines));
+            v
+        };
+        LineBuf { lines, len: n }
+    }
+
     /// Makes the length `n`: the first `min(len, n)` elements are kept, any new ones are `x`.
     pub(crate) fn resize(&mut self, n: usize, x: f32) {
         let lines = n.div_ceil(LINE_FLOATS);
@@ -134,7 +151,9 @@ mod tests {
                 DType::BF16 => t.cpu_slice::<half::bf16>().unwrap()[at..].as_ptr() as usize,
             }
         }
-        let data: Vec<f32> = (0..2 * 5 * 3 * 8).map(|i| (i as f32 * 0.37).sin()).collect();
+        let data: Vec<f32> = (0..2 * 5 * 3 * 8)
+            .map(|i| (i as f32 * 0.37).sin())
+            .collect();
         let p = AttentionParams::default().causal();
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let x = Tensor::from_vec(data.clone(), &[2, 5, 3, 8])

@@ -38,7 +38,7 @@ use crate::error::{Error, Result};
 use crate::outputs::poison_outputs;
 use crate::problem::{Problem, RowLayout, row_layout, strides_like};
 use crate::tensor::{CpuElement, CpuStorage, Tensor, contiguous_strides};
-use line_buf::line_aligned;
+use line_buf::{LineBuf, line_aligned};
 
 /// The vectorized row exp, also used by the standard attention baseline (one exp for both).
 pub(crate) use exp::exp2_shifted_sum;
@@ -58,28 +58,29 @@ fn host<'a, T: CpuElement>(t: &'a Tensor, arg: &'static str) -> Result<&'a [T]> 
 /// ones by the calling thread alone.
 const PARALLEL_FILL: usize = 1 << 16;
 
-/// `n` copies of `x`; large buffers are written by all threads, so that their fresh pages are
-/// faulted in parallel rather than by the calling thread alone while the others wait. (Written,
-/// not merely zeroed by the allocator: pages handed out untouched and then read before they are
-/// written take a read fault on the shared zero page and then a copy-on-write fault that
-/// flushes every thread's TLB.)
-fn filled<T: Copy + Send + Sync>(n: usize, x: T) -> Vec<T> {
-    if n < PARALLEL_FILL {
-        return vec![x; n];
-    }
-    let mut v = Vec::with_capacity(n);
-    v.par_extend(rayon::iter::repeat_n(x, n));
-    v
+/// `n` copies of `x`, from a cache line on; large buffers are written by all threads, so that
+/// their fresh pages are faulted in parallel rather than by the calling thread alone while the
+/// others wait. (Written, not merely zeroed by the allocator: pages handed out untouched and
+/// then read before they are written take a read fault on the shared zero page and then a
+/// copy-on-write fault that flushes every thread's TLB.)
+fn filled(n: usize, x: f32) -> LineBuf {
+    LineBuf::filled(n, x, PARALLEL_FILL)
 }
 
 /// A contiguous f32 tensor of zeros (for `arg`, a gradient the kernels add into).
 fn zeros_f32(shape: &[usize], arg: &'static str) -> Result<Tensor> {
-    let n = shape.iter().product();
+    let n: usize = shape.iter().product();
+    let (mut data, offset) = line_aligned(n, 0.0);
+    if n < PARALLEL_FILL {
+        data.resize(offset + n, 0.0);
+    } else {
+        data.par_extend(rayon::iter::repeat_n(0.0, n));
+    }
     Tensor::from_cpu_storage(
-        CpuStorage::F32(filled(n, 0.0)),
+        CpuStorage::F32(data),
         shape,
         &contiguous_strides(shape),
-        0,
+        offset,
         arg,
     )
 }

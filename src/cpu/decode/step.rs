@@ -12,6 +12,7 @@ use crate::cpu::exp::{LANES, exp2_shifted_sum};
 use crate::cpu::forward::Inputs;
 use crate::cpu::key_rows::{KeyRows, KeySource, PackedKeys};
 use crate::cpu::lanes::lane_max;
+use crate::cpu::line_buf::LineBuf;
 use crate::cpu::online_softmax::PanelSoftmax;
 use crate::cpu::prefetch::RowsAhead;
 use crate::cpu::score_mods::sub_alibi;
@@ -36,19 +37,19 @@ const PASSES_AHEAD: usize = 2;
 #[derive(Default)]
 pub(super) struct Scratch {
     /// The query rows of the task's heads, `groups × group × d`, pre-scaled.
-    q: Vec<f32>,
+    q: LineBuf,
     /// The key block transposed (panel kernels only): `BLOCK / 16` panels of `d × 16`.
-    kt: Vec<f32>,
+    kt: LineBuf,
     /// One group's scores, then probabilities: `group × BLOCK`.
-    s: Vec<f32>,
+    s: LineBuf,
     /// The output accumulator, `groups × group × dvp` ([`padded_dv`]), unnormalized.
-    pub(super) o: Vec<f32>,
+    pub(super) o: LineBuf,
     /// Each group's running maxima and sums, its heads as lanes.
     pub(super) softmax: Vec<PanelSoftmax>,
     /// K and V rows converted to f32 (f16 and bf16 inputs).
     kv: PackedKeys,
     /// V's block in rows of `dvp` f32, zero past `dv`, when `dv` is not a multiple of 16.
-    v: Vec<f32>,
+    v: LineBuf,
 }
 
 /// The width of a row of `O` and of the V rows the kernels read: the value dims rounded up to
@@ -203,7 +204,7 @@ impl<T: CpuElement> Step<'_, T> {
 
     /// V's rows of key/value head `hk` for keys `keys`, as f32 in `buf`, each padded with zeros
     /// to [`padded_dv`].
-    fn padded_v<'b>(&self, buf: &'b mut Vec<f32>, hk: usize, keys: Range<usize>) -> KeyRows<'b> {
+    fn padded_v<'b>(&self, buf: &'b mut LineBuf, hk: usize, keys: Range<usize>) -> KeyRows<'b> {
         let (p, dv) = (self.p, self.p.head_dim_v);
         let width = padded_dv(p);
         buf.clear();
