@@ -11,6 +11,7 @@ mod common;
 use common::{Alibi, Case, F32_TOL, Layout, check_backward_cases, rel};
 use flashattn::reference::oracle;
 use flashattn::{AttentionParams, DType, Tensor, backward, forward};
+use rand::{SeedableRng, rngs::StdRng};
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
@@ -154,6 +155,52 @@ fn partials_under_thread_counts() {
         pool.install(|| {
             check_backward_cases(&format!("cpu backward {threads} threads"), 250_000, &cases)
         });
+    }
+}
+
+/// Each thread keeps its tile buffers (the packed Q and dO rows among them) from one call to
+/// the next: consecutive calls of the same shape on other data must not reuse them. Three
+/// problems of one shape (one head: a thread's next call starts where its last ended; four:
+/// another head), run in turn on one and two threads, give bit for bit the results each gives
+/// alone in a fresh pool.
+#[test]
+fn consecutive_calls_of_one_shape_do_not_share_packed_rows() {
+    let mut rng = StdRng::seed_from_u64(250_100);
+    println!("seed 250100");
+    let params = AttentionParams::default().causal();
+    let grads = |[q, k, v, dout]: &[Tensor; 4]| {
+        let f = forward(q, k, v, &params).expect("forward");
+        let g = backward(q, k, v, &f.out, &f.lse, dout, &params).expect("backward");
+        [g.dq, g.dk, g.dv].map(|t| t.to_vec::<f32>().expect("f32"))
+    };
+    let pool = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
+        pool.expect("thread pool")
+    };
+    for heads in [1, 4] {
+        let shape = [1, 130, heads, 32];
+        let problems: Vec<[Tensor; 4]> = (0..3)
+            .map(|_| {
+                std::array::from_fn(|_| common::tensor(&mut rng, &shape, DType::F32, Layout::Bnhd))
+            })
+            .collect();
+        for threads in [1, 2] {
+            let alone: Vec<_> = problems
+                .iter()
+                .map(|x| pool(threads).install(|| grads(x)))
+                .collect();
+            pool(threads).install(|| {
+                for round in 0..2 {
+                    for (i, x) in problems.iter().enumerate() {
+                        let same = grads(x) == alone[i];
+                        assert!(
+                            same,
+                            "H={heads}, {threads} threads, round {round}, problem {i}"
+                        );
+                    }
+                }
+            });
+        }
     }
 }
 

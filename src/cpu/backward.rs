@@ -26,9 +26,12 @@
 //!
 //! Extra memory: the partials (`chunks ·` the size of dq, or `runs ·` the size of dk and dv, in
 //! f32; none for whole groups), `D`, and per-thread tiles (the Q, dO and, with every key block,
-//! dQ rows of the task's sequence and heads among them).
+//! dQ rows of the task's sequence and heads among them), kept by the thread from one call to the
+//! next when they take at most 8 MiB ([`KEPT_SCRATCH_BYTES`]).
 
+use std::cell::RefCell;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
 
@@ -187,52 +190,83 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
     // list and its stealing hand the long tasks out first, as `Split::of` assumed.
     tasks.sort_by(|a, b| costs[b.b].total_cmp(&costs[a.b]));
     let factor = p.scale / alpha;
-    tasks
-        .into_par_iter()
-        .for_each_init(Scratch::default, |scratch, task| {
-            let ctx = BlockCtx {
-                p,
-                x: &x,
-                l,
-                delta: &delta,
-                b: task.b,
-                hk: task.hk,
-                heads: task.heads.clone(),
-                mask: p.mask(task.b),
-                score_mods,
-                alpha,
-                block_q: tiles.block_q,
-            };
-            let (nq, nk) = (p.seqs[task.b].nq, p.seqs[task.b].nk);
-            let mut own = std::mem::take(&mut scratch.dq);
-            let direct = task.dq.is_none();
-            let dq = match task.dq {
-                Some(dq) => dq,
-                None => {
-                    own.clear();
-                    own.resize(nq * task.heads.len() * padded(p.head_dim), 0.0);
-                    &mut own[..]
-                }
-            };
-            let blocks = chunk_blocks(task.chunk, chunks, nk.div_ceil(tiles.block_k));
-            let keys = blocks.map(|j| j * tiles.block_k..((j + 1) * tiles.block_k).min(nk));
-            match runs {
-                1 => keys.for_each(|keys| ctx.key_block(scratch, keys, dq, &sinks)),
-                _ => keys.for_each(|keys| ctx.key_block(scratch, keys, dq, &run_sinks[task.run])),
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let body = |scratch: &mut Scratch, task: Task<'_>| {
+        let ctx = BlockCtx {
+            p,
+            x: &x,
+            l,
+            delta: &delta,
+            b: task.b,
+            hk: task.hk,
+            heads: task.heads.clone(),
+            mask: p.mask(task.b),
+            score_mods,
+            alpha,
+            block_q: tiles.block_q,
+            call,
+        };
+        let (nq, nk) = (p.seqs[task.b].nq, p.seqs[task.b].nk);
+        let mut own = std::mem::take(&mut scratch.dq);
+        let direct = task.dq.is_none();
+        let dq = match task.dq {
+            Some(dq) => dq,
+            None => {
+                own.clear();
+                own.resize(nq * task.heads.len() * padded(p.head_dim), 0.0);
+                &mut own[..]
             }
-            if direct {
-                for h in task.heads.clone() {
-                    write_dq(p, (task.b, h), (&own, &task.heads), factor, &o.dq);
+        };
+        let blocks = chunk_blocks(task.chunk, chunks, nk.div_ceil(tiles.block_k));
+        let keys = blocks.map(|j| j * tiles.block_k..((j + 1) * tiles.block_k).min(nk));
+        match runs {
+            1 => keys.for_each(|keys| ctx.key_block(scratch, keys, dq, &sinks)),
+            _ => keys.for_each(|keys| ctx.key_block(scratch, keys, dq, &run_sinks[task.run])),
+        }
+        if direct {
+            for h in task.heads.clone() {
+                write_dq(p, (task.b, h), (&own, &task.heads), factor, &o.dq);
+            }
+        }
+        scratch.dq = own;
+    };
+    tasks.into_par_iter().for_each(|task| {
+        SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => {
+                body(&mut scratch, task);
+                if scratch.bytes() > KEPT_SCRATCH_BYTES {
+                    *scratch = Scratch::default();
                 }
             }
-            scratch.dq = own;
-        });
+            // A task never waits on other tasks, so it cannot run inside another on the same
+            // thread; a fresh scratch should that ever change.
+            Err(_) => body(&mut Scratch::default(), task),
+        })
+    });
 
     match split {
         Split::KeyChunks(_) => sum_partials(p, &partials, chunks, factor, &o.dq),
         Split::Heads(_) => sum_key_partials(p, &key_parts, runs, [&o.dk, &o.dv]),
         Split::Whole => {}
     }
+}
+
+/// The most bytes of tile buffers a thread keeps for its next task, in this call or the next:
+/// a thread's scratch (the packed Q and dO rows of a task's sequence and heads, its dQ, the key
+/// block's tiles) is freed after a task that made it larger. Allocated per rayon job instead
+/// (`for_each_init`, about one a task at B=1, H=8), a job's fresh buffers were faulted in again
+/// whenever the allocator had given the last job's back to the system, which depended on the
+/// process's history: f32, B=1, H=8, D=64, `backward_into`, 2 threads, median of 8 interleaved
+/// rounds, kept against per job, full / causal: in one process N=1024 1.085 / 1.005 and
+/// B=4, N=256 1.227 / 1.033 (one thread: 1.089 / 1.015 and 1.109 / 1.006); in another, after
+/// the same calls had run both ways, 0.997 / 1.004 and 1.012 / 1.020 (Zen 4 VM, 2026-11-24).
+const KEPT_SCRATCH_BYTES: usize = 8 << 20;
+
+thread_local! {
+    /// Each thread's tile buffers, kept from task to task and call to call (at most
+    /// [`KEPT_SCRATCH_BYTES`]).
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 /// The layout of the dK or dV partial sums of one run of query heads (`[key row][key head][w]`

@@ -82,8 +82,8 @@ pub(crate) struct Scratch {
     /// heads) rather than once per key block and tile.
     q: LineBuf,
     dout: LineBuf,
-    /// The sequence and first query head of the rows `q` and `dout` hold.
-    packed_for: Option<(usize, usize)>,
+    /// The call, sequence and first query head of the rows `q` and `dout` hold.
+    packed_for: Option<(u64, usize, usize)>,
     /// dQ of a task that has every key block of its (sequence, key/value head), summed here
     /// (`nq × heads × d16`) rather than in a partial shared by the call (see `backward`).
     pub(crate) dq: LineBuf,
@@ -94,6 +94,17 @@ pub(crate) struct Scratch {
     /// Softcap derivative per score.
     dcap: LineBuf,
     fold: TileFold,
+}
+
+impl Scratch {
+    /// The bytes its buffers hold.
+    pub(crate) fn bytes(&self) -> usize {
+        let tiles = [
+            &self.kt, &self.vt, &self.v, &self.k, &self.dk, &self.dv, &self.q, &self.dout,
+            &self.dq, &self.s, &self.ds, &self.dcap,
+        ];
+        tiles.iter().map(|b| b.bytes()).sum::<usize>() + self.fold.bytes()
+    }
 }
 
 /// Where a task writes: dK/dV rows (disjoint per key block; `U` is the gradients' element
@@ -125,6 +136,9 @@ pub(crate) struct BlockCtx<'a, T> {
     pub alpha: f32,
     /// Query rows per tile.
     pub block_q: usize,
+    /// This call's number, telling the rows a thread's scratch packed in this call from those
+    /// of an earlier one.
+    pub call: u64,
 }
 
 /// A left operand read in place: element `(r, l)` at `data[r·rs + l·cs]`.
@@ -206,10 +220,10 @@ impl<T: CpuElement> BlockCtx<'_, T> {
         let (p, b, hk) = (self.p, self.b, self.hk);
         let (d, dv, nc) = (p.head_dim, p.head_dim_v, keys.len());
         let (d16, dv16, nc16) = (padded(d), padded(dv), padded(nc));
-        if sc.packed_for != Some((b, self.heads.start)) {
+        if sc.packed_for != Some((self.call, b, self.heads.start)) {
             self.pack_queries(&mut sc.q, self.x.q, &p.q, d);
             self.pack_queries(&mut sc.dout, self.x.dout, &self.l.dout, dv);
-            sc.packed_for = Some((b, self.heads.start));
+            sc.packed_for = Some((self.call, b, self.heads.start));
         }
         // Only the padding is zeroed: the packing below writes everything else.
         padded_rows(&mut sc.kt, (d, nc), nc16);

@@ -20,6 +20,13 @@ pub(crate) struct TileFold {
     sums: Vec<f32>,
 }
 
+impl TileFold {
+    /// The bytes it holds (its capacity).
+    pub(crate) fn bytes(&self) -> usize {
+        self.sums.capacity() * size_of::<f32>()
+    }
+}
+
 impl<'a> BiasGrad<'a> {
     /// The gradient buffer `data` (zeroed) of a contiguous bias of shape `shape`.
     pub(crate) fn new(data: &'a mut [f32], shape: &[usize]) -> Self {

@@ -71,6 +71,11 @@ impl LineBuf {
         }
     }
 
+    /// The bytes it holds (its capacity).
+    pub(crate) fn bytes(&self) -> usize {
+        self.lines.capacity() * size_of::<Line>()
+    }
+
     /// Makes the length 0, keeping the memory.
     pub(crate) fn clear(&mut self) {
         self.len = 0;
