@@ -8,7 +8,7 @@ use std::sync::Arc;
 use half::{bf16, f16};
 
 use crate::cpu::convert::{narrow_bf16, narrow_f16, widen_bf16, widen_f16};
-use crate::cpu::line_buf::line_aligned;
+use crate::cpu::line_buf::line_filled;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 
@@ -56,24 +56,19 @@ impl CpuStorage {
     }
 
     /// A buffer of `len` copies of `value`, rounded to `dtype`, from the returned offset on,
-    /// which starts a cache line (see [`line_aligned`]).
+    /// which starts a cache line (see [`line_filled`]).
     pub(crate) fn filled(dtype: DType, len: usize, value: f32) -> (Self, usize) {
-        fn fill<T: Copy>(len: usize, x: T) -> (Vec<T>, usize) {
-            let (mut data, offset) = line_aligned(len, x);
-            data.resize(offset + len, x);
-            (data, offset)
-        }
         match dtype {
             DType::F32 => {
-                let (v, at) = fill(len, value);
+                let (v, at) = line_filled(len, value);
                 (CpuStorage::F32(v), at)
             }
             DType::F16 => {
-                let (v, at) = fill(len, f16::from_f32(value));
+                let (v, at) = line_filled(len, f16::from_f32(value));
                 (CpuStorage::F16(v), at)
             }
             DType::BF16 => {
-                let (v, at) = fill(len, bf16::from_f32(value));
+                let (v, at) = line_filled(len, bf16::from_f32(value));
                 (CpuStorage::BF16(v), at)
             }
         }

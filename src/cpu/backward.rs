@@ -35,12 +35,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
 
-use super::SharedOut;
 use super::backward_block::{BlockCtx, Scratch, Sinks, padded};
 use super::backward_split::{Split, chunk_blocks, key_part_len, sequence_costs};
 use super::bias_grad::BiasGrad;
 use super::elementwise::dot;
 use super::line_buf::LineBuf;
+use super::{SharedOut, with_thread_scratch};
 use crate::problem::{Problem, RowLayout, Seq};
 use crate::tensor::CpuElement;
 
@@ -125,14 +125,14 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
     // written to dq.
     let mut partials = match chunks {
         1 => LineBuf::default(),
-        _ => super::filled(chunks * p.heads_kv * part_len, 0.0),
+        _ => LineBuf::filled(chunks * p.heads_kv * part_len, 0.0),
     };
     // Runs of query heads write their dK and dV rows here, every row once: `[run][key row][key
     // head][d or dv]`, f32, in the rows of the packed (or flattened) keys.
     let widths = [p.head_dim, p.head_dim_v];
     let mut key_parts = widths.map(|w| match runs {
         1 => LineBuf::default(),
-        _ => super::filled(runs * key_part_len(p, w), 0.0),
+        _ => LineBuf::filled(runs * key_part_len(p, w), 0.0),
     });
 
     let bias_shape = p.bias.as_ref().map(|(t, _)| t.shape().to_vec());
@@ -230,20 +230,13 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
             }
         }
         scratch.dq = own;
+        if scratch.bytes() > KEPT_SCRATCH_BYTES {
+            *scratch = Scratch::default();
+        }
     };
-    tasks.into_par_iter().for_each(|task| {
-        SCRATCH.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut scratch) => {
-                body(&mut scratch, task);
-                if scratch.bytes() > KEPT_SCRATCH_BYTES {
-                    *scratch = Scratch::default();
-                }
-            }
-            // A task never waits on other tasks, so it cannot run inside another on the same
-            // thread; a fresh scratch should that ever change.
-            Err(_) => body(&mut Scratch::default(), task),
-        })
-    });
+    tasks
+        .into_par_iter()
+        .for_each(|task| with_thread_scratch(&SCRATCH, |scratch| body(scratch, task)));
 
     match split {
         Split::KeyChunks(_) => sum_partials(p, &partials, chunks, factor, &o.dq),

@@ -34,7 +34,6 @@ use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::SharedOut;
 use super::decode;
 use super::exp::LANES;
 use super::key_rows::{KeyRows, KeySource, PackedKeys};
@@ -49,6 +48,7 @@ use super::schedule::for_each_in_runs;
 use super::score_mods::{ScoreMods, apply_mask, apply_score_mods};
 use super::tile_config::{ForwardTiles, MAX_BLOCK_Q, forward_tiles};
 use super::transpose::transpose_scaled;
+use super::{SharedOut, with_thread_scratch};
 use crate::mask::Mask;
 use crate::problem::{Problem, RowLayout};
 use crate::tensor::CpuElement;
@@ -164,12 +164,7 @@ pub(crate) fn run<T: CpuElement>(
             mods: ScoreMods::new(p, x.bias, task.b, task.h),
             call,
         };
-        SCRATCH.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut scratch) => ctx.run(&mut scratch, &out, &lse),
-            // A task never waits on other tasks, so it cannot run inside another on the same
-            // thread; a fresh scratch should that ever change.
-            Err(_) => ctx.run(&mut Scratch::default(), &out, &lse),
-        });
+        with_thread_scratch(&SCRATCH, |scratch| ctx.run(scratch, &out, &lse));
     };
     // With many tasks a thread (`by_head`) and rows read in place, one queue: the threads work
     // on the same head at once and share its rows through the last-level cache. Otherwise one

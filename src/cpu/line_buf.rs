@@ -1,5 +1,5 @@
 //! Buffers that start on a 64-byte cache line: `LineBuf`, the kernels' growable f32 tiles, and
-//! [`line_aligned`], the vectors behind the tensors flashattn allocates.
+//! [`line_aligned`] and [`line_filled`], the vectors behind the tensors flashattn allocates.
 //!
 //! The tile buffers hold 16-float panel rows that one AVX-512 load or store moves whole, and
 //! the tensors hold rows of a head dim of f32 or 16-bit floats. In a `Vec` (16-byte aligned by
@@ -15,6 +15,26 @@ const LINE_BYTES: usize = 64;
 
 /// Floats in a cache line.
 const LINE_FLOATS: usize = LINE_BYTES / size_of::<f32>();
+
+/// Buffers of at least this many elements (256 KiB of f32) are filled by all threads; smaller
+/// ones by the calling thread alone. Large buffers are written by all threads so that their
+/// fresh pages are faulted in parallel rather than by the calling thread alone while the others
+/// wait. (Written, not merely zeroed by the allocator: pages handed out untouched and then read
+/// before they are written take a read fault on the shared zero page and then a copy-on-write
+/// fault that flushes every thread's TLB.)
+pub(crate) const PARALLEL_FILL: usize = 1 << 16;
+
+/// `n` copies of `x` from the returned offset on, which starts a cache line (the elements before
+/// it are `x` too): the buffer of a tensor of `n` elements at that offset.
+pub(crate) fn line_filled<T: Copy + Send + Sync>(n: usize, x: T) -> (Vec<T>, usize) {
+    let (mut data, offset) = line_aligned(n, x);
+    if n < PARALLEL_FILL {
+        data.resize(offset + n, x);
+    } else {
+        data.par_extend(rayon::iter::repeat_n(x, n));
+    }
+    (data, offset)
+}
 
 /// An empty vector with room for `offset + n` elements whose element `offset` starts a cache
 /// line, with its first `offset` elements (fewer than a line's worth) set to `pad`: the buffer
@@ -43,12 +63,11 @@ pub(crate) struct LineBuf {
 }
 
 impl LineBuf {
-    /// `n` copies of `x`, written by all threads when there are at least `parallel` of them
-    /// (see `cpu::filled`).
-    pub(crate) fn filled(n: usize, x: f32, parallel: usize) -> Self {
+    /// `n` copies of `x`, written by all threads when there are at least [`PARALLEL_FILL`].
+    pub(crate) fn filled(n: usize, x: f32) -> Self {
         let lines = n.div_ceil(LINE_FLOATS);
         let line = Line([x; LINE_FLOATS]);
-        let lines = if n < parallel {
+        let lines = if n < PARALLEL_FILL {
             vec![line; lines]
         } else {
             let mut v = Vec::with_capacity(lines);

@@ -29,6 +29,9 @@ mod softcap;
 mod tile_config;
 mod transpose;
 
+use std::cell::RefCell;
+use std::thread::LocalKey;
+
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -38,7 +41,7 @@ use crate::error::{Error, Result};
 use crate::outputs::poison_outputs;
 use crate::problem::{Problem, RowLayout, row_layout, strides_like};
 use crate::tensor::{CpuElement, CpuStorage, Tensor, contiguous_strides};
-use line_buf::{LineBuf, line_aligned};
+use line_buf::{PARALLEL_FILL, line_aligned, line_filled};
 
 /// The vectorized row exp, also used by the standard attention baseline (one exp for both).
 pub(crate) use exp::exp2_shifted_sum;
@@ -54,28 +57,22 @@ fn host<'a, T: CpuElement>(t: &'a Tensor, arg: &'static str) -> Result<&'a [T]> 
     })
 }
 
-/// Buffers of at least this many elements (256 KiB of f32) are filled by all threads; smaller
-/// ones by the calling thread alone.
-const PARALLEL_FILL: usize = 1 << 16;
-
-/// `n` copies of `x`, from a cache line on; large buffers are written by all threads, so that
-/// their fresh pages are faulted in parallel rather than by the calling thread alone while the
-/// others wait. (Written, not merely zeroed by the allocator: pages handed out untouched and
-/// then read before they are written take a read fault on the shared zero page and then a
-/// copy-on-write fault that flushes every thread's TLB.)
-fn filled(n: usize, x: f32) -> LineBuf {
-    LineBuf::filled(n, x, PARALLEL_FILL)
+/// Runs `f` on this thread's buffers kept in `key` from task to task and call to call (a task
+/// never waits on other tasks, so it cannot run inside another on the same thread; should that
+/// ever change, `f` gets fresh buffers).
+fn with_thread_scratch<S: Default, R>(
+    key: &'static LocalKey<RefCell<S>>,
+    f: impl FnOnce(&mut S) -> R,
+) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => f(&mut scratch),
+        Err(_) => f(&mut S::default()),
+    })
 }
 
 /// A contiguous f32 tensor of zeros (for `arg`, a gradient the kernels add into).
 fn zeros_f32(shape: &[usize], arg: &'static str) -> Result<Tensor> {
-    let n: usize = shape.iter().product();
-    let (mut data, offset) = line_aligned(n, 0.0);
-    if n < PARALLEL_FILL {
-        data.resize(offset + n, 0.0);
-    } else {
-        data.par_extend(rayon::iter::repeat_n(0.0, n));
-    }
+    let (data, offset) = line_filled(shape.iter().product(), 0.0);
     Tensor::from_cpu_storage(
         CpuStorage::F32(data),
         shape,

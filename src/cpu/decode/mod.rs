@@ -51,10 +51,10 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use crate::cpu::SharedOut;
 use crate::cpu::exp::{LANES, exp2};
 use crate::cpu::forward::Inputs;
 use crate::cpu::lanes::lane_lse;
+use crate::cpu::{SharedOut, with_thread_scratch};
 use crate::problem::Problem;
 use crate::tensor::CpuElement;
 use step::{Scratch, Step};
@@ -156,10 +156,7 @@ pub(crate) fn run<T: CpuElement>(
                 groups: task.groups.clone(),
                 keys: task.keys.clone(),
             };
-            SCRATCH.with(|cell| {
-                let mut fresh = Scratch::default();
-                let mut borrowed = cell.try_borrow_mut();
-                let sc = borrowed.as_deref_mut().unwrap_or(&mut fresh);
+            with_thread_scratch(&SCRATCH, |sc| {
                 step.run(sc);
                 let Some(slot) = task.slot else {
                     return step.write(sc, &out, &lse);
