@@ -25,6 +25,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
+use flashattn::reference::ceiling::Sgemm;
 use flashattn::{AttentionParams, Tensor, backward, backward_into, forward};
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
@@ -41,36 +42,6 @@ fn random(rng: &mut StdRng, shape: &[usize]) -> Tensor {
     let n = shape.iter().product();
     let data: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
     Tensor::from_vec(data, shape).expect("shape matches data")
-}
-
-/// sgemm `c = a·b` of `n × n` matrices with the gemm crate on all rayon threads.
-fn sgemm(c: &mut [f32], a: &[f32], b: &[f32], n: usize) {
-    let s = n as isize;
-    // SAFETY: a, b and c each hold n·n elements, row-major (row stride n, column stride 1), and
-    // c does not alias a or b.
-    unsafe {
-        gemm::gemm(
-            n,
-            n,
-            n,
-            c.as_mut_ptr(),
-            1,
-            s,
-            false,
-            a.as_ptr(),
-            1,
-            s,
-            b.as_ptr(),
-            1,
-            s,
-            1.0f32,
-            1.0f32,
-            false,
-            false,
-            false,
-            gemm::Parallelism::Rayon(rayon::current_num_threads()),
-        )
-    }
 }
 
 struct Summary {
@@ -131,10 +102,8 @@ fn main() {
     let mut results: Vec<Summary> = Vec::new();
 
     let n = GEMM_N;
-    let a: Vec<f32> = (0..n * n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-    let b: Vec<f32> = (0..n * n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-    let mut out = vec![f32::NAN; n * n];
-    let gemm_flops = 2.0 * (n * n * n) as f64;
+    let mut sgemm = Sgemm::new(n, SEED);
+    let gemm_flops = sgemm.flops();
     // The ceiling is measured before and after the attention runs, and the higher of the two is
     // used: the machine's speed drifts over the minutes of a run.
     let gemm_samples = [Samples::default(), Samples::default()];
@@ -145,8 +114,7 @@ fn main() {
         g.bench_function(name, |bench| {
             bench.iter_custom(|iters| {
                 timed(&gemm_samples[when], iters, || {
-                    sgemm(&mut out, &a, &b, n);
-                    black_box(&out);
+                    sgemm.run();
                 })
             })
         });

@@ -155,3 +155,63 @@ fn bench_json_has_every_field() {
     let o = flashattn(&["bench", "--plot", s(&dir.path("chart.gif"))]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[test]
+fn bench_rounds_and_the_gemm_ceiling() {
+    let dir = Dir::new();
+    let json = dir.path("g.json");
+    let run = |rounds: &str| {
+        let o = flashattn(&[
+            "bench",
+            "--seqlens",
+            "64",
+            "--head-dims",
+            "16",
+            "--heads",
+            "2",
+            "--repeats",
+            "1",
+            "--rounds",
+            rounds,
+            "--gemm",
+            "--json",
+            s(&json),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let records: Vec<serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        (stdout(&o), records)
+    };
+    let (text, records) = run("3");
+    for needle in ["% GEMM", "median over 3 rounds", "sgemm 1024x1024x1024 f32"] {
+        assert!(text.contains(needle), "`{needle}` not in\n{text}");
+    }
+    assert_eq!(records.len(), 2 * 2, "masks x methods");
+    for r in &records {
+        if r["method"] == "flashattn" {
+            let share = r["gemm_percent"].as_f64().unwrap();
+            assert!(share.is_finite() && share > 0.0, "{r}");
+            assert!(r["gemm_gflops"].as_f64().unwrap() > 0.0, "{r}");
+        } else {
+            assert!(
+                r["gemm_percent"].is_null() && r["gemm_gflops"].is_null(),
+                "{r}"
+            );
+        }
+    }
+    // One round: the share is this round's rate over this round's sgemm rate.
+    let (_, records) = run("1");
+    for r in records.iter().filter(|r| r["method"] == "flashattn") {
+        let (rate, gemm) = (
+            r["gflops"].as_f64().unwrap(),
+            r["gemm_gflops"].as_f64().unwrap(),
+        );
+        let share = r["gemm_percent"].as_f64().unwrap();
+        assert!((share - 100.0 * rate / gemm).abs() <= 1e-9 * share, "{r}");
+    }
+    let o = flashattn(&["bench", "--gemm", "--device", "cuda"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--gemm"), "{}", stderr(&o));
+    let o = flashattn(&["bench", "--rounds", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+}

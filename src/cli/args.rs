@@ -33,10 +33,13 @@ const BENCH_EXAMPLES: &str = "\
 Examples:
   flashattn bench                                            # f32 forward, N = 512..4096, causal and not
   flashattn bench --seqlens 1024,4096,16384 --causal yes --pass both
+  flashattn bench --seqlens 1024,4096 --pass both --no-standard --gemm --rounds 9
   flashattn bench --dtype bf16 --head-dims 64,128 --plot docs/bench.png --json bench.json
   flashattn bench --device cuda --seqlens 1024,8192 --dtype bf16
 
-Times are the fastest of --repeats runs after one untimed run. Extra memory is the peak of heap
+Times are the fastest of --repeats runs after one untimed run (with --rounds R, the median over
+R rounds of that). --gemm adds the f32 sgemm rate of each round and each flashattn rate as a
+percentage of it (% GEMM: the median over the rounds of the ratio). Extra memory is the peak of heap
 bytes allocated during the call beyond its inputs and outputs (a counting allocator). The
 standard attention is skipped, with a note, where its score matrix would not fit in the memory
 available (MemAvailable in /proc/meminfo).
@@ -314,6 +317,15 @@ pub struct BenchArgs {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 2026)]
     pub seed: u64,
+    /// Time the whole sweep this many times, one configuration after the other in each round;
+    /// each figure is then the median over the rounds, so that a slow spell of a shared
+    /// machine weighs on every configuration alike.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rounds: u32,
+    /// Also time an f32 sgemm (1024×1024×1024, all threads) in every round and give each
+    /// flashattn rate as a percentage of the sgemm rate of the same round (CPU only).
+    #[arg(long)]
+    pub gemm: bool,
 }
 
 impl BenchArgs {
@@ -334,6 +346,8 @@ impl BenchArgs {
             plot: None,
             json: None,
             seed: 2026,
+            rounds: 1,
+            gemm: false,
         }
     }
 
@@ -353,6 +367,12 @@ impl BenchArgs {
         positive("heads", &[self.heads])?;
         if let Some(hk) = self.heads_kv {
             positive("heads-kv", &[hk])?;
+        }
+        if self.gemm && self.device != Device::Cpu {
+            return Err(fail(format!(
+                "--gemm: the sgemm ceiling is timed on the CPU, for --device cpu; got --device {}",
+                self.device
+            )));
         }
         Ok(())
     }

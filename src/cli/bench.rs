@@ -3,6 +3,7 @@
 
 use flashattn::Device;
 use flashattn::problem::Problem;
+use flashattn::reference::ceiling::Sgemm;
 use flashattn::reference::standard;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -36,6 +37,10 @@ const BACKWARD_FLOP_FACTOR: f64 = 2.5;
 /// Fraction of the available memory the standard attention may plan to use.
 const MEMORY_HEADROOM: f64 = 0.8;
 
+/// The size of the sgemm of `--gemm` (`n × n` times `n × n`), the ceiling of the issue's
+/// benchmark.
+const GEMM_N: usize = 1024;
+
 /// The standard attention's figures, or why it did not run.
 #[derive(Clone, Debug)]
 pub enum StandardOutcome {
@@ -60,6 +65,16 @@ pub struct Row {
     pub standard_device: Device,
     /// The standard attention's figures, or why it did not run.
     pub standard: StandardOutcome,
+    /// flashattn's rate as a percentage of the sgemm's in the same round (median over the
+    /// rounds), with `--gemm`.
+    pub gemm_percent: Option<f64>,
+}
+
+/// What a sweep measured: a row per configuration, and the sgemm rate (GFLOP/s, median over
+/// the rounds) with `--gemm`.
+pub struct Sweep {
+    pub rows: Vec<Row>,
+    pub gemm_gflops: Option<f64>,
 }
 
 /// The configurations of the sweep, in table order.
@@ -196,25 +211,87 @@ fn too_big(need: u64, avail: Option<u64>) -> Option<String> {
     })
 }
 
-/// Measures every configuration, advancing `bar`.
-fn sweep(a: &BenchArgs, configs: &[(Pass, Config)], bar: &ProgressBar) -> CliResult<Vec<Row>> {
-    let mut rows = Vec::new();
-    for (i, (pass, cfg)) in configs.iter().enumerate() {
-        bar.set_message(format!("{} {}", pass.name(), cfg.describe()));
-        let x = cfg.inputs(a.seed + i as u64)?;
-        let flash = run_flash(&x, *pass, a.device, a.repeats)?;
-        let standard = run_standard(&x, *pass, a.device, a.repeats, a.no_standard)?;
-        rows.push(Row {
-            pass: *pass,
-            config: cfg.clone(),
-            device: a.device,
-            flash,
-            standard_device: a.device,
-            standard,
-        });
-        bar.inc(1);
+/// Measures every configuration in each of `--rounds` rounds (the sgemm first in each, with
+/// `--gemm`), advancing `bar`, and keeps the medians over the rounds.
+fn sweep(a: &BenchArgs, configs: &[(Pass, Config)], bar: &ProgressBar) -> CliResult<Sweep> {
+    let mut gemm = a.gemm.then(|| Sgemm::new(GEMM_N, a.seed));
+    let mut ceilings = Vec::new();
+    let mut timed: Vec<Vec<(Measurement, StandardOutcome)>> = vec![Vec::new(); configs.len()];
+    for round in 1..=a.rounds {
+        let of = if a.rounds > 1 {
+            format!("round {round}/{}: ", a.rounds)
+        } else {
+            String::new()
+        };
+        if let Some(g) = gemm.as_mut() {
+            bar.set_message(format!("{of}sgemm {GEMM_N}x{GEMM_N}x{GEMM_N}"));
+            ceilings.push(g.gflops(a.repeats));
+        }
+        for (i, (pass, cfg)) in configs.iter().enumerate() {
+            bar.set_message(format!("{of}{} {}", pass.name(), cfg.describe()));
+            let x = cfg.inputs(a.seed + i as u64)?;
+            let flash = run_flash(&x, *pass, a.device, a.repeats)?;
+            let standard = run_standard(&x, *pass, a.device, a.repeats, a.no_standard)?;
+            timed[i].push((flash, standard));
+            bar.inc(1);
+        }
     }
-    Ok(rows)
+    let rows = configs
+        .iter()
+        .zip(timed)
+        .map(|((pass, cfg), rounds)| {
+            let flash: Vec<Measurement> = rounds.iter().map(|(f, _)| *f).collect();
+            let gemm_percent = (!ceilings.is_empty()).then(|| {
+                let shares = flash
+                    .iter()
+                    .zip(&ceilings)
+                    .map(|(f, g)| 100.0 * f.gflops / g);
+                median(shares.collect())
+            });
+            Row {
+                pass: *pass,
+                config: cfg.clone(),
+                device: a.device,
+                flash: median_measurement(&flash),
+                standard_device: a.device,
+                standard: median_outcome(rounds.into_iter().map(|(_, s)| s).collect()),
+                gemm_percent,
+            }
+        })
+        .collect();
+    let gemm_gflops = (!ceilings.is_empty()).then(|| median(ceilings));
+    Ok(Sweep { rows, gemm_gflops })
+}
+
+/// The median of `v` (not empty; the lower middle of an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[(v.len() - 1) / 2]
+}
+
+/// The round of median time (the lower middle of an even count), with the largest extra
+/// memory of any round.
+fn median_measurement(rounds: &[Measurement]) -> Measurement {
+    let mut sorted = rounds.to_vec();
+    sorted.sort_by(|x, y| x.time_ms.total_cmp(&y.time_ms));
+    let mut m = sorted[(sorted.len() - 1) / 2];
+    if let Some(most) = rounds.iter().map(|r| r.extra).max_by_key(|e| e.bytes()) {
+        m.extra = most;
+    }
+    m
+}
+
+/// The standard attention over the rounds: skipped when any round skipped it, else the
+/// median round.
+fn median_outcome(rounds: Vec<StandardOutcome>) -> StandardOutcome {
+    let mut ran = Vec::new();
+    for outcome in rounds {
+        match outcome {
+            StandardOutcome::Ran(m) => ran.push(m),
+            skipped => return skipped,
+        }
+    }
+    StandardOutcome::Ran(median_measurement(&ran))
 }
 
 /// Runs the sweep; prints the table and writes the chart and JSON asked for.
@@ -238,7 +315,7 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
     if let Some(note) = timing::load_note() {
         eprintln!("note: {note}");
     }
-    let bar = ProgressBar::new(configs.len() as u64);
+    let bar = ProgressBar::new(configs.len() as u64 * u64::from(a.rounds));
     bar.set_style(
         ProgressStyle::with_template(
             "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}",
@@ -247,15 +324,15 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
     );
     // Ticks on its own so the clock moves during long configurations.
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
-    let rows = sweep(a, &configs, &bar);
+    let swept = sweep(a, &configs, &bar);
     bar.finish_and_clear();
-    let rows = rows?;
-    print!("{}", render(&rows, a));
+    let Sweep { rows, gemm_gflops } = swept?;
+    print!("{}", render(&rows, a, gemm_gflops));
     for line in device::compile_report(a.device)? {
         println!("kernel {line}");
     }
     if let Some(path) = &a.json {
-        json::write(path, &rows)?;
+        json::write(path, &rows, gemm_gflops)?;
         println!("wrote {}", path.display());
     }
     if let Some(path) = &a.plot {
@@ -282,16 +359,20 @@ fn extra_cell(e: Extra) -> String {
     }
 }
 
-/// The table and the notes under it.
-fn render(rows: &[Row], a: &BenchArgs) -> String {
+/// The table and the notes under it; `gemm_gflops` is the sgemm rate of `--gemm`.
+fn render(rows: &[Row], a: &BenchArgs, gemm_gflops: Option<f64>) -> String {
     let unit = match a.device {
         Device::Cpu => "GFLOP/s",
         Device::Cuda(_) => "TFLOP/s",
     };
-    let mut t = Table::new(&[
-        "pass", "mask", "dtype", "B", "H", "N", "D", "flash ms", unit, "extra", "std ms", unit,
-        "extra", "speedup", "memory",
-    ]);
+    let mut head = vec![
+        "pass", "mask", "dtype", "B", "H", "N", "D", "flash ms", unit,
+    ];
+    if gemm_gflops.is_some() {
+        head.push("% GEMM");
+    }
+    head.extend(["extra", "std ms", unit, "extra", "speedup", "memory"]);
+    let mut t = Table::new(&head);
     let mut notes = Vec::new();
     for r in rows {
         let c = &r.config;
@@ -309,8 +390,9 @@ fn render(rows: &[Row], a: &BenchArgs) -> String {
             c.d.to_string(),
             format!("{:.2}", r.flash.time_ms),
             rate(&r.flash, r.device),
-            extra_cell(r.flash.extra),
         ];
+        cells.extend(r.gemm_percent.map(|p| format!("{p:.1}")));
+        cells.push(extra_cell(r.flash.extra));
         match &r.standard {
             StandardOutcome::Ran(s) => cells.extend([
                 format!("{:.2}", s.time_ms),
@@ -343,11 +425,23 @@ fn render(rows: &[Row], a: &BenchArgs) -> String {
         Device::Cpu => "peak heap",
         Device::Cuda(_) => "peak device memory (the GPU's memory pool)",
     };
+    let rounds = match a.rounds {
+        1 => String::new(),
+        r => format!(", median over {r} rounds"),
+    };
     let mut out = format!(
-        "flashattn bench on {}: fastest of {} runs; extra = {heap} beyond inputs and outputs; \
-         speedup = standard time / flashattn time; memory = standard extra / flashattn extra\n",
+        "flashattn bench on {}: fastest of {} runs{rounds}; extra = {heap} beyond inputs and \
+         outputs; speedup = standard time / flashattn time; memory = standard extra / flashattn \
+         extra\n",
         a.device, a.repeats
     );
+    if let Some(g) = gemm_gflops {
+        out += &format!(
+            "sgemm {GEMM_N}x{GEMM_N}x{GEMM_N} f32 on {} threads: {g:.1} GFLOP/s{rounds}; % GEMM = \
+             flashattn's rate / the sgemm's of the same round\n",
+            rayon::current_num_threads()
+        );
+    }
     out += &t.render();
     if rows.iter().any(
         |r| matches!(r.standard, StandardOutcome::Ran(m) if matches!(m.extra, Extra::Planned(_))),
@@ -380,5 +474,34 @@ mod tests {
         );
         assert_eq!(too_big(GIB, Some(20 * GIB)), None);
         assert_eq!(too_big(32 * GIB, None), None);
+    }
+
+    fn timed(time_ms: f64, extra: u64) -> Measurement {
+        Measurement {
+            time_ms,
+            gflops: 1.0 / time_ms,
+            extra: Extra::Measured(extra),
+        }
+    }
+
+    #[test]
+    fn rounds_keep_the_median_time_and_the_largest_memory() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.0);
+        let m = median_measurement(&[timed(5.0, 10), timed(2.0, 30), timed(4.0, 20)]);
+        assert_eq!(
+            (m.time_ms, m.gflops, m.extra),
+            (4.0, 0.25, Extra::Measured(30))
+        );
+        let ran = || StandardOutcome::Ran(timed(1.0, 1));
+        let skipped = StandardOutcome::Skipped("too big".into());
+        assert!(matches!(
+            median_outcome(vec![ran(), skipped, ran()]),
+            StandardOutcome::Skipped(why) if why == "too big"
+        ));
+        assert!(matches!(
+            median_outcome(vec![ran(), ran()]),
+            StandardOutcome::Ran(m) if m.time_ms == 1.0
+        ));
     }
 }

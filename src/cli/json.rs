@@ -37,9 +37,15 @@ struct Record {
     extra_memory_source: Option<&'static str>,
     /// Why the method did not run, when it did not.
     skipped: Option<String>,
+    /// flashattn's rate as a percentage of the sgemm rate of the same round (median over the
+    /// rounds), with `--gemm`; `null` otherwise and for the standard attention.
+    gemm_percent: Option<f64>,
+    /// The sgemm rate of `--gemm` in GFLOP/s (median over the rounds); `null` without it.
+    gemm_gflops: Option<f64>,
 }
 
 fn record(r: &Row, method: &'static str, device: String, m: Option<&Measurement>) -> Record {
+    let flash = method == "flashattn";
     let c = &r.config;
     Record {
         method,
@@ -58,14 +64,18 @@ fn record(r: &Row, method: &'static str, device: String, m: Option<&Measurement>
         extra_memory_bytes: m.and_then(|m| m.extra.bytes()),
         extra_memory_source: m.and_then(|m| m.extra.source()),
         skipped: None,
+        gemm_percent: r.gemm_percent.filter(|_| flash),
+        gemm_gflops: None,
     }
 }
 
-/// The records of `rows` as a JSON array.
-pub fn to_json(rows: &[Row]) -> CliResult<String> {
+/// The records of `rows` as a JSON array; `gemm_gflops` is the sgemm rate of `--gemm`.
+pub fn to_json(rows: &[Row], gemm_gflops: Option<f64>) -> CliResult<String> {
     let mut records = Vec::new();
     for r in rows {
-        records.push(record(r, "flashattn", r.device.to_string(), Some(&r.flash)));
+        let mut flash = record(r, "flashattn", r.device.to_string(), Some(&r.flash));
+        flash.gemm_gflops = gemm_gflops;
+        records.push(flash);
         let std_device = r.standard_device.to_string();
         match &r.standard {
             StandardOutcome::Ran(m) => records.push(record(r, "standard", std_device, Some(m))),
@@ -80,8 +90,8 @@ pub fn to_json(rows: &[Row]) -> CliResult<String> {
 }
 
 /// Writes the records of `rows` to `path` (atomically).
-pub fn write(path: &Path, rows: &[Row]) -> CliResult<()> {
-    let mut text = to_json(rows)?;
+pub fn write(path: &Path, rows: &[Row], gemm_gflops: Option<f64>) -> CliResult<()> {
+    let mut text = to_json(rows, gemm_gflops)?;
     text.push('\n');
     write_bytes_atomic(path, text.as_bytes())
 }

@@ -348,6 +348,7 @@ mod tests {
             },
             standard_device: Device::Cpu,
             standard,
+            gemm_percent: None,
         }
     }
 
