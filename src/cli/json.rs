@@ -45,7 +45,6 @@ struct Record {
 }
 
 fn record(r: &Row, method: &'static str, device: String, m: Option<&Measurement>) -> Record {
-    let flash = method == "flashattn";
     let c = &r.config;
     Record {
         method,
@@ -64,7 +63,7 @@ fn record(r: &Row, method: &'static str, device: String, m: Option<&Measurement>
         extra_memory_bytes: m.and_then(|m| m.extra.bytes()),
         extra_memory_source: m.and_then(|m| m.extra.source()),
         skipped: None,
-        gemm_percent: r.gemm_percent.filter(|_| flash),
+        gemm_percent: None,
         gemm_gflops: None,
     }
 }
@@ -74,7 +73,7 @@ pub fn to_json(rows: &[Row], gemm_gflops: Option<f64>) -> CliResult<String> {
     let mut records = Vec::new();
     for r in rows {
         let mut flash = record(r, "flashattn", r.device.to_string(), Some(&r.flash));
-        flash.gemm_gflops = gemm_gflops;
+        (flash.gemm_percent, flash.gemm_gflops) = (r.gemm_percent, gemm_gflops);
         records.push(flash);
         let std_device = r.standard_device.to_string();
         match &r.standard {
