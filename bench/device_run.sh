@@ -15,6 +15,8 @@ mkdir -p "$OUT"
 export FLASHATTN_CACHE_DIR=${FLASHATTN_CACHE_DIR:-/tmp/flashattn-cache}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
+# The CLI tests start this binary, not the one at its build path on the machine that built them.
+export FLASHATTN_BIN=${FLASHATTN_BIN:-$here/bin/flashattn}
 steps=("$@"); [[ ${#steps[@]} -eq 0 ]] && steps=(tests cli sanitize bench)
 summary=()
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt"

@@ -11,9 +11,35 @@ use half::{bf16, f16};
 use rand::{RngExt, rngs::StdRng};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
+/// The binary under test: `$FLASHATTN_BIN` when set, else the one cargo built for these tests,
+/// else (test executables carried to another machine, such as the GPU machine's staging folder
+/// `tests/` beside `bin/`) a `flashattn` in `../bin` of the test executable's folder.
+fn binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("FLASHATTN_BIN") {
+        return PathBuf::from(path);
+    }
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_flashattn"));
+    if built.exists() {
+        return built;
+    }
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let beside = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("bin/flashattn"));
+    match beside {
+        Some(path) if path.exists() => path,
+        _ => panic!(
+            "no flashattn binary at {} or beside {}: set FLASHATTN_BIN",
+            built.display(),
+            exe.display()
+        ),
+    }
+}
+
 /// Runs the binary with `args`, printing the command and what it wrote.
 pub fn flashattn(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_flashattn"))
+    let out = Command::new(binary())
         .args(args)
         .output()
         .expect("the flashattn binary runs");
