@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 export FLASHATTN_CACHE_DIR=${FLASHATTN_CACHE_DIR:-/tmp/flashattn-cache}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
-# The CLI tests start this binary, not the one at its build path on the machine that built them.
+# The CLI tests start this binary (their build path does not exist on this machine).
 export FLASHATTN_BIN=${FLASHATTN_BIN:-$here/bin/flashattn}
 steps=("$@"); [[ ${#steps[@]} -eq 0 ]] && steps=(tests cli sanitize bench)
 summary=()

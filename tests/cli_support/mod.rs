@@ -11,16 +11,17 @@ use half::{bf16, f16};
 use rand::{RngExt, rngs::StdRng};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
-/// The binary under test: `$FLASHATTN_BIN` when set, else the one cargo built for these tests,
-/// else (test executables carried to another machine, such as the GPU machine's staging folder
-/// `tests/` beside `bin/`) a `flashattn` in `../bin` of the test executable's folder.
+/// The binary under test: the one cargo built for these tests; where that path is missing (test
+/// executables carried to another machine), `$FLASHATTN_BIN`, else a `flashattn` in `../bin` of
+/// the test executable's folder (the staged layout: `tests/` beside `bin/`). The built one comes
+/// first so that a stale `FLASHATTN_BIN` never stands in for the code just built.
 fn binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("FLASHATTN_BIN") {
-        return PathBuf::from(path);
-    }
     let built = PathBuf::from(env!("CARGO_BIN_EXE_flashattn"));
     if built.exists() {
         return built;
+    }
+    if let Some(path) = std::env::var_os("FLASHATTN_BIN") {
+        return PathBuf::from(path);
     }
     let exe = std::env::current_exe().expect("the test executable's path");
     let beside = exe
