@@ -31,7 +31,6 @@
 
 use std::cell::RefCell;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
 
@@ -40,7 +39,7 @@ use super::backward_split::{Split, chunk_blocks, key_part_len, sequence_costs};
 use super::bias_grad::BiasGrad;
 use super::elementwise::dot;
 use super::line_buf::LineBuf;
-use super::{SharedOut, with_thread_scratch};
+use super::{SharedOut, call_number, with_thread_scratch};
 use crate::problem::{Problem, RowLayout, Seq};
 use crate::tensor::CpuElement;
 
@@ -190,8 +189,7 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
     // list and its stealing hand the long tasks out first, as `Split::of` assumed.
     tasks.sort_by(|a, b| costs[b.b].total_cmp(&costs[a.b]));
     let factor = p.scale / alpha;
-    static CALLS: AtomicU64 = AtomicU64::new(0);
-    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let call = call_number();
     let body = |scratch: &mut Scratch, task: Task<'_>| {
         let ctx = BlockCtx {
             p,

@@ -32,7 +32,6 @@
 
 use std::cell::RefCell;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::decode;
 use super::exp::LANES;
@@ -48,7 +47,7 @@ use super::schedule::for_each_in_runs;
 use super::score_mods::{ScoreMods, apply_mask, apply_score_mods};
 use super::tile_config::{ForwardTiles, MAX_BLOCK_Q, forward_tiles};
 use super::transpose::transpose_scaled;
-use super::{SharedOut, with_thread_scratch};
+use super::{SharedOut, call_number, with_thread_scratch};
 use crate::mask::Mask;
 use crate::problem::{Problem, RowLayout};
 use crate::tensor::CpuElement;
@@ -149,8 +148,7 @@ pub(crate) fn run<T: CpuElement>(
         let head = if by_head { (t.b, t.h) } else { (0, 0) };
         (head, std::cmp::Reverse(t.cost))
     });
-    static CALLS: AtomicU64 = AtomicU64::new(0);
-    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let call = call_number();
     let body = |task: &Task| {
         let ctx = TaskCtx {
             p,

@@ -28,12 +28,17 @@ pub(crate) const PARALLEL_FILL: usize = 1 << 16;
 /// it are `x` too): the buffer of a tensor of `n` elements at that offset.
 pub(crate) fn line_filled<T: Copy + Send + Sync>(n: usize, x: T) -> (Vec<T>, usize) {
     let (mut data, offset) = line_aligned(n, x);
-    if n < PARALLEL_FILL {
-        data.resize(offset + n, x);
-    } else {
-        data.par_extend(rayon::iter::repeat_n(x, n));
-    }
+    extend_filled(&mut data, n, x, n >= PARALLEL_FILL);
     (data, offset)
+}
+
+/// Appends `count` copies of `x` to `v`, written by all threads when `parallel`.
+fn extend_filled<T: Copy + Send + Sync>(v: &mut Vec<T>, count: usize, x: T, parallel: bool) {
+    if parallel {
+        v.par_extend(rayon::iter::repeat_n(x, count));
+    } else {
+        v.resize(v.len() + count, x);
+    }
 }
 
 /// An empty vector with room for `offset + n` elements whose element `offset` starts a cache
@@ -65,15 +70,14 @@ pub(crate) struct LineBuf {
 impl LineBuf {
     /// `n` copies of `x`, written by all threads when there are at least [`PARALLEL_FILL`].
     pub(crate) fn filled(n: usize, x: f32) -> Self {
-        let lines = n.div_ceil(LINE_FLOATS);
-        let line = Line([x; LINE_FLOATS]);
-        let lines = if n < PARALLEL_FILL {
-            vec![line; lines]
-        } else {
-            let mut v = Vec::with_capacity(lines);
-            v.par_extend(rayon::iter::repeat_n(line, lines));
-            v
-        };
+        let count = n.div_ceil(LINE_FLOATS);
+        let mut lines = Vec::with_capacity(count);
+        extend_filled(
+            &mut lines,
+            count,
+            Line([x; LINE_FLOATS]),
+            n >= PARALLEL_FILL,
+        );
         LineBuf { lines, len: n }
     }
 

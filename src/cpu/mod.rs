@@ -30,6 +30,7 @@ mod tile_config;
 mod transpose;
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::LocalKey;
 
 use half::{bf16, f16};
@@ -68,6 +69,13 @@ fn with_thread_scratch<S: Default, R>(
         Ok(mut scratch) => f(&mut scratch),
         Err(_) => f(&mut S::default()),
     })
+}
+
+/// A number no earlier kernel call got: what a thread's kept buffers are tagged with, so that a
+/// later call never takes rows packed from another call's inputs for its own.
+fn call_number() -> u64 {
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    CALLS.fetch_add(1, Ordering::Relaxed)
 }
 
 /// A contiguous f32 tensor of zeros (for `arg`, a gradient the kernels add into).
