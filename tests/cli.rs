@@ -215,3 +215,54 @@ fn bench_rounds_and_the_gemm_ceiling() {
     let o = flashattn(&["bench", "--rounds", "0"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[test]
+fn bench_times_key_lengths_apart_from_query_lengths() {
+    let dir = Dir::new();
+    let json = dir.path("k.json");
+    let (nq, d, h) = (48u64, 16u64, 2u64);
+    let o = flashattn(&[
+        "bench",
+        "--seqlens",
+        "48",
+        "--seqlens-k",
+        "16,48",
+        "--head-dims",
+        "16",
+        "--heads",
+        "2",
+        "--causal",
+        "both",
+        "--repeats",
+        "1",
+        "--json",
+        s(&json),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.lines().any(|l| l.contains(" Nk ")), "{text}");
+    let records: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(records.len(), 2 * 2 * 2, "key lengths x masks x methods");
+    for r in &records {
+        assert_eq!(r["seqlen_q"], nq, "{r}");
+        let nk = r["seqlen_k"].as_u64().unwrap();
+        assert!(nk == 16 || nk == 48, "{r}");
+        // Query i sees keys up to i + nk − nq when causal (bottom-right): 1 + 2 + … + nk of
+        // them in all for nk ≤ nq; every key otherwise.
+        let pairs = if r["causal"] == true {
+            nk * (nk + 1) / 2
+        } else {
+            nq * nk
+        };
+        let flops = 4.0 * (h * pairs * d) as f64;
+        let counted = r["gflops"].as_f64().unwrap() * r["time_ms"].as_f64().unwrap() * 1e6;
+        assert!(
+            (counted - flops).abs() <= 1e-6 * flops,
+            "{counted} vs {flops} in {r}"
+        );
+    }
+    let o = flashattn(&["bench", "--seqlens-k", "64,0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--seqlens-k"), "{}", stderr(&o));
+}

@@ -34,6 +34,7 @@ Examples:
   flashattn bench                                            # f32 forward, N = 512..4096, causal and not
   flashattn bench --seqlens 1024,4096,16384 --causal yes --pass both
   flashattn bench --seqlens 1024,4096 --pass both --no-standard --gemm --rounds 9
+  flashattn bench --seqlens 1024 --seqlens-k 512,1024 --no-standard --gemm --rounds 9
   flashattn bench --dtype bf16 --head-dims 64,128 --plot docs/bench.png --json bench.json
   flashattn bench --device cuda --seqlens 1024,8192 --dtype bf16
 
@@ -278,9 +279,15 @@ pub struct BenchArgs {
     /// Where flashattn runs: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     pub device: Device,
-    /// Sequence lengths (queries = keys), comma separated.
+    /// Sequence lengths, comma separated: of the queries, and of the keys too unless
+    /// --seqlens-k is given.
     #[arg(long, value_delimiter = ',', default_value = "512,1024,2048,4096")]
     pub seqlens: Vec<usize>,
+    /// Key sequence lengths, comma separated, each timed with every query length of --seqlens
+    /// (cross-attention, a prompt on a cache; causal masks align bottom-right). Default: keys
+    /// = queries.
+    #[arg(long, value_delimiter = ',')]
+    pub seqlens_k: Option<Vec<usize>>,
     /// Head dimensions, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "64")]
     pub head_dims: Vec<usize>,
@@ -334,6 +341,7 @@ impl BenchArgs {
         BenchArgs {
             device,
             seqlens: vec![512, 1024, 2048],
+            seqlens_k: None,
             head_dims: vec![64],
             causal: CausalChoice::Both,
             dtype: vec![DType::F32],
@@ -362,6 +370,9 @@ impl BenchArgs {
             Ok(())
         };
         positive("seqlens", &self.seqlens)?;
+        if let Some(nk) = &self.seqlens_k {
+            positive("seqlens-k", nk)?;
+        }
         positive("head-dims", &self.head_dims)?;
         positive("batch", &[self.batch])?;
         positive("heads", &[self.heads])?;

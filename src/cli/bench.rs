@@ -95,13 +95,16 @@ fn configs(a: &BenchArgs) -> Vec<(Pass, Config)> {
             for &c in causal {
                 for &pass in passes {
                     for &n in &a.seqlens {
-                        let mut cfg = Config::new(a.batch, a.heads, n, d)
-                            .kv_heads(a.heads_kv.unwrap_or(a.heads))
-                            .dtype(t);
-                        if c {
-                            cfg = cfg.causal();
+                        for &nk in a.seqlens_k.as_deref().unwrap_or(&[n]) {
+                            let mut cfg = Config::new(a.batch, a.heads, n, d)
+                                .seqlens(n, nk)
+                                .kv_heads(a.heads_kv.unwrap_or(a.heads))
+                                .dtype(t);
+                            if c {
+                                cfg = cfg.causal();
+                            }
+                            out.push((pass, cfg));
                         }
-                        out.push((pass, cfg));
                     }
                 }
             }
@@ -365,9 +368,13 @@ fn render(rows: &[Row], a: &BenchArgs, gemm_gflops: Option<f64>) -> String {
         Device::Cpu => "GFLOP/s",
         Device::Cuda(_) => "TFLOP/s",
     };
-    let mut head = vec![
-        "pass", "mask", "dtype", "B", "H", "N", "D", "flash ms", unit,
-    ];
+    // The key length gets a column of its own where it may differ from the query length.
+    let keys = a.seqlens_k.is_some();
+    let mut head = vec!["pass", "mask", "dtype", "B", "H", "N"];
+    if keys {
+        head.push("Nk");
+    }
+    head.extend(["D", "flash ms", unit]);
     if gemm_gflops.is_some() {
         head.push("% GEMM");
     }
@@ -387,10 +394,15 @@ fn render(rows: &[Row], a: &BenchArgs, gemm_gflops: Option<f64>) -> String {
                 format!("{}/{}", c.heads, c.heads_kv)
             },
             c.nq.to_string(),
+        ];
+        if keys {
+            cells.push(c.nk.to_string());
+        }
+        cells.extend([
             c.d.to_string(),
             format!("{:.2}", r.flash.time_ms),
             rate(&r.flash, r.device),
-        ];
+        ]);
         cells.extend(r.gemm_percent.map(|p| format!("{p:.1}")));
         cells.push(extra_cell(r.flash.extra));
         match &r.standard {

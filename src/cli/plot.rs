@@ -64,13 +64,17 @@ fn series(rows: &[Row], gflops_per_unit: f64) -> Vec<Series> {
     let mut groups: Vec<(String, Vec<&Row>)> = Vec::new();
     for r in rows {
         let c = &r.config;
-        let key = format!(
+        let mut key = format!(
             "{} {} D={} {}",
             r.pass.name(),
             if c.is_causal() { "causal" } else { "full" },
             c.d,
             c.dtype
         );
+        // Rows of one key length (--seqlens-k) make a line over the query lengths.
+        if c.nk != c.nq {
+            key += &format!(" Nk={}", c.nk);
+        }
         match groups.iter_mut().find(|g| g.0 == key) {
             Some(g) => g.1.push(r),
             None => groups.push((key, vec![r])),
