@@ -5,6 +5,9 @@ mod cli_support;
 
 use cli_support::*;
 
+/// The sizes that keep a `bench` test short: two heads of dim 16, one timed run.
+const SMALL: [&str; 6] = ["--head-dims", "16", "--heads", "2", "--repeats", "1"];
+
 #[test]
 fn help_lists_the_subcommands_with_examples() {
     let o = flashattn(&["--help"]);
@@ -83,22 +86,17 @@ fn cuda_device_is_an_error_not_a_panic_without_a_gpu() {
 fn bench_json_has_every_field() {
     let dir = Dir::new();
     let (json, svg, png) = (dir.path("b.json"), dir.path("b.svg"), dir.path("b.png"));
-    let args = [
+    let mut args = vec![
         "bench",
         "--seqlens",
         "64,128",
-        "--head-dims",
-        "16",
-        "--heads",
-        "2",
         "--causal",
         "both",
         "--pass",
         "both",
-        "--repeats",
-        "1",
     ];
-    let mut a = args.to_vec();
+    args.extend(SMALL);
+    let mut a = args.clone();
     a.extend(["--json", s(&json), "--plot", s(&svg)]);
     let o = flashattn(&a);
     assert!(o.status.success());
@@ -161,22 +159,10 @@ fn bench_rounds_and_the_gemm_ceiling() {
     let dir = Dir::new();
     let json = dir.path("g.json");
     let run = |rounds: &str| {
-        let o = flashattn(&[
-            "bench",
-            "--seqlens",
-            "64",
-            "--head-dims",
-            "16",
-            "--heads",
-            "2",
-            "--repeats",
-            "1",
-            "--rounds",
-            rounds,
-            "--gemm",
-            "--json",
-            s(&json),
-        ]);
+        let mut args = vec!["bench", "--seqlens", "64", "--rounds", rounds, "--gemm"];
+        args.extend(SMALL);
+        args.extend(["--json", s(&json)]);
+        let o = flashattn(&args);
         assert!(o.status.success(), "{}", stderr(&o));
         let records: Vec<serde_json::Value> =
             serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
@@ -221,23 +207,18 @@ fn bench_times_key_lengths_apart_from_query_lengths() {
     let dir = Dir::new();
     let json = dir.path("k.json");
     let (nq, d, h) = (48u64, 16u64, 2u64);
-    let o = flashattn(&[
+    let mut args = vec![
         "bench",
         "--seqlens",
         "48",
         "--seqlens-k",
         "16,48",
-        "--head-dims",
-        "16",
-        "--heads",
-        "2",
         "--causal",
         "both",
-        "--repeats",
-        "1",
-        "--json",
-        s(&json),
-    ]);
+    ];
+    args.extend(SMALL);
+    args.extend(["--json", s(&json)]);
+    let o = flashattn(&args);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     assert!(text.lines().any(|l| l.contains(" Nk ")), "{text}");
