@@ -62,6 +62,9 @@ struct Series {
 /// The series of `rows`, rates in GFLOP/s divided by `gflops_per_unit`.
 fn series(rows: &[Row], gflops_per_unit: f64) -> Vec<Series> {
     let mut groups: Vec<(String, Vec<&Row>)> = Vec::new();
+    // With key lengths apart from the query lengths (--seqlens-k), a line per key length over
+    // the query lengths, the rows where the two happen to be equal included.
+    let per_key_length = rows.iter().any(|r| r.config.nk != r.config.nq);
     for r in rows {
         let c = &r.config;
         let mut key = format!(
@@ -71,8 +74,7 @@ fn series(rows: &[Row], gflops_per_unit: f64) -> Vec<Series> {
             c.d,
             c.dtype
         );
-        // Rows of one key length (--seqlens-k) make a line over the query lengths.
-        if c.nk != c.nq {
+        if per_key_length {
             key += &format!(" Nk={}", c.nk);
         }
         match groups.iter_mut().find(|g| g.0 == key) {
