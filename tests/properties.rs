@@ -87,6 +87,31 @@ proptest! {
     }
 }
 
+/// The case a run of `backward_matches_oracle` with another seed (77) shrank to: a single f16 dq
+/// whose reference (the gradient for the output flashattn's forward returned) lies nearer
+/// another f16 value than the exact gradient does. flashattn's dq is that reference rounded to
+/// nearest, so the bound must allow the rounding (see `common::backward_errors`).
+#[test]
+fn a_correctly_rounded_gradient_meets_the_bound() {
+    let mut case = Case::new(1, 15, 1);
+    case.dv = 22;
+    case.dtype = DType::F16;
+    case.alibi = Alibi::PerHead;
+    case.scale = Some(0.111_778_81);
+    let x = case.inputs(&mut rand::rngs::StdRng::seed_from_u64(
+        60_792_277_742_130_688,
+    ));
+    let errors = common::backward_errors(&case, &x);
+    for g in &errors {
+        assert!(g.err <= g.bound, "{g:?}");
+    }
+    let dq = &errors[0];
+    assert_eq!(dq.name, "dq");
+    // The bound comes from the rounding here: the standard attention's own error is smaller.
+    assert!(dq.rounding > 2.0 * dq.standard, "{dq:?}");
+    assert!(dq.err <= dq.rounding * (1.0 + 1e-9), "{dq:?}");
+}
+
 /// Central differences of `L = Σ dout · out` (the oracle's forward, f64) against the oracle's
 /// analytic gradient and flashattn's backward, on a tiny problem with every option.
 #[test]

@@ -236,8 +236,23 @@ pub struct GradientError {
     pub total: f64,
     /// The standard attention's, by the same measure.
     pub standard: f64,
+    /// The error of the reference rounded to the gradient's dtype: the best any result in that
+    /// dtype can do.
+    pub rounding: f64,
     /// The bound `err` must meet.
     pub bound: f64,
+}
+
+/// `values` rounded to `dtype` (to nearest), as f64.
+pub fn rounded_to(dtype: DType, values: &[f64]) -> Vec<f64> {
+    values
+        .iter()
+        .map(|&x| match dtype {
+            DType::F32 => x as f32 as f64,
+            DType::F16 => half::f16::from_f64(x).to_f64(),
+            DType::BF16 => half::bf16::from_f64(x).to_f64(),
+        })
+        .collect()
 }
 
 /// Runs flashattn's and the standard attention's forward and backward on `x` and measures every
@@ -252,7 +267,14 @@ pub struct GradientError {
 ///   (`D_i = dO_i·out_i`), so in f16/bf16 the output's rounding is part of its answer by design;
 ///   the error against the exact gradient is reported as `total`. The standard attention (which
 ///   uses `rowsum(P∘dP)`) is measured against the exact gradient.
-/// * Bound: as for the forward, f32 ≤ 1e-5, f16/bf16 within 2× the standard attention.
+/// * Bound: as for the forward, f32 ≤ 1e-5, f16/bf16 within 2× the standard attention, or 2×
+///   the error of the reference rounded to the gradient's dtype where that is larger: the two
+///   references differ (by the output's rounding), so the standard attention's error against
+///   the exact gradient can be far below what the correctly rounded answer to flashattn's
+///   reference misses it by. Seen on a single-element dq of f16 (B=1, Nq=1, Nk=15, D=1, Dv=22,
+///   ALiBi; proptest seed 77): flashattn's dq was that reference rounded to nearest, 2.8e-6 off
+///   it in units of the summed terms, against a bound of 2.2e-6 from the standard attention's
+///   lucky 6.1e-7 (the same f16 value, measured against the exact gradient).
 pub fn backward_errors(case: &Case, x: &Inputs) -> Vec<GradientError> {
     let f = forward(&x.q, &x.k, &x.v, &x.p).expect("forward");
     let g = backward(&x.q, &x.k, &x.v, &f.out, &f.lse, &x.dout, &x.p).expect("backward");
@@ -289,12 +311,20 @@ pub fn backward_errors(case: &Case, x: &Inputs) -> Vec<GradientError> {
                 // gradient must be exactly 0.
                 let scale = norm(terms);
                 let standard = diff(&std_got, exact, scale);
+                // The bias gradient is f32 whatever the inputs' dtype.
+                let dtype = if name == "dbias" {
+                    DType::F32
+                } else {
+                    case.dtype
+                };
+                let rounding = diff(&rounded_to(dtype, flash_ref), flash_ref, scale);
                 GradientError {
                     name,
                     err: diff(&got, flash_ref, scale),
                     total: diff(&got, exact, scale),
                     standard,
-                    bound: tolerance(case.dtype, standard),
+                    rounding,
+                    bound: tolerance(case.dtype, standard.max(rounding)),
                 }
             },
         )
