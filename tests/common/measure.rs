@@ -244,7 +244,7 @@ pub struct GradientError {
 }
 
 /// `values` rounded to `dtype` (to nearest), as f64.
-pub fn rounded_to(dtype: DType, values: &[f64]) -> Vec<f64> {
+fn rounded_to(dtype: DType, values: &[f64]) -> Vec<f64> {
     values
         .iter()
         .map(|&x| match dtype {
