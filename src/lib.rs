@@ -18,6 +18,7 @@ mod cpu;
 pub mod cuda;
 pub mod dtype;
 pub mod error;
+mod host_buf;
 pub mod mask;
 mod outputs;
 pub mod params;
@@ -29,6 +30,7 @@ pub use attention::{ForwardOutput, Gradients, backward, backward_into, forward, 
 pub use cpu::{Simd, cpu_simd};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
+pub use host_buf::set_huge_pages;
 pub use mask::{Mask, Window};
 pub use outputs::set_poison_outputs;
 pub use params::{AttentionParams, VarLen};

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use half::{bf16, f16};
 
 use crate::cpu::convert::{narrow_bf16, narrow_f16, widen_bf16, widen_f16};
-use crate::cpu::line_buf::line_filled;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
+use crate::host_buf::HostBuf;
 
 /// Where a tensor's data lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -33,9 +33,9 @@ impl std::fmt::Display for Device {
 /// A host buffer of one dtype.
 #[derive(Clone, Debug)]
 pub(crate) enum CpuStorage {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
+    F32(HostBuf<f32>),
+    F16(HostBuf<f16>),
+    BF16(HostBuf<bf16>),
 }
 
 impl CpuStorage {
@@ -55,22 +55,12 @@ impl CpuStorage {
         }
     }
 
-    /// A buffer of `len` copies of `value`, rounded to `dtype`, from the returned offset on,
-    /// which starts a cache line (see [`line_filled`]).
-    pub(crate) fn filled(dtype: DType, len: usize, value: f32) -> (Self, usize) {
+    /// A buffer of `len` copies of `value`, rounded to `dtype` (see [`HostBuf::filled`]).
+    pub(crate) fn filled(dtype: DType, len: usize, value: f32) -> Self {
         match dtype {
-            DType::F32 => {
-                let (v, at) = line_filled(len, value);
-                (CpuStorage::F32(v), at)
-            }
-            DType::F16 => {
-                let (v, at) = line_filled(len, f16::from_f32(value));
-                (CpuStorage::F16(v), at)
-            }
-            DType::BF16 => {
-                let (v, at) = line_filled(len, bf16::from_f32(value));
-                (CpuStorage::BF16(v), at)
-            }
+            DType::F32 => CpuStorage::F32(HostBuf::filled(len, value)),
+            DType::F16 => CpuStorage::F16(HostBuf::filled(len, f16::from_f32(value))),
+            DType::BF16 => CpuStorage::BF16(HostBuf::filled(len, bf16::from_f32(value))),
         }
     }
 
@@ -87,7 +77,7 @@ impl CpuStorage {
 pub(crate) trait CpuElement: Element {
     fn slice(s: &CpuStorage) -> Option<&[Self]>;
     fn slice_mut(s: &mut CpuStorage) -> Option<&mut [Self]>;
-    fn wrap(v: Vec<Self>) -> CpuStorage;
+    fn wrap(v: HostBuf<Self>) -> CpuStorage;
     /// `x` itself when `Self` is `f32` (kernels then read it in place), `None` otherwise.
     fn as_f32_slice(x: &[Self]) -> Option<&[f32]>;
     /// Widens `src` into `dst` (equal lengths) a row at a time with the CPU's vector
@@ -103,17 +93,17 @@ macro_rules! cpu_element {
         impl CpuElement for $t {
             fn slice(s: &CpuStorage) -> Option<&[Self]> {
                 match s {
-                    CpuStorage::$variant(v) => Some(v),
+                    CpuStorage::$variant(v) => Some(&v[..]),
                     _ => None,
                 }
             }
             fn slice_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
                 match s {
-                    CpuStorage::$variant(v) => Some(v),
+                    CpuStorage::$variant(v) => Some(&mut v[..]),
                     _ => None,
                 }
             }
-            fn wrap(v: Vec<Self>) -> CpuStorage {
+            fn wrap(v: HostBuf<Self>) -> CpuStorage {
                 CpuStorage::$variant(v)
             }
             fn as_f32_slice(x: &[Self]) -> Option<&[f32]> {
@@ -183,8 +173,11 @@ fn checked_numel(shape: &[usize]) -> Option<usize> {
 impl Tensor {
     /// A contiguous (row-major) tensor that owns `data` (moved, not copied). The CPU kernels read
     /// fastest from rows that start on 64-byte cache lines; a `Vec` starts wherever the allocator
-    /// put it (16 bytes past a line, for large ones), which cost up to 2% at short sequences.
-    /// [`Tensor::full`] and the outputs of flashattn start on a line; for a buffer of your own,
+    /// put it (16 bytes past a line, for large ones), which costs up to 2% (short sequences, the
+    /// backward), and on 4 KiB pages, which cost the backward about 1% (see
+    /// [`crate::set_huge_pages`]).
+    /// [`Tensor::full`], [`Tensor::from_slice`] (a copy), conversions and the outputs of
+    /// flashattn start on a line, and from 2 MiB on on a huge page; for a buffer of your own,
     /// [`Tensor::from_vec_strided`] takes an offset into it.
     ///
     /// ```
@@ -207,8 +200,27 @@ impl Tensor {
         strides: &[usize],
         offset: usize,
     ) -> Result<Self> {
-        let storage = to_cpu_storage(data);
+        let storage = to_cpu_storage(HostBuf::Taken(data));
         Self::from_cpu_storage(storage, shape, strides, offset, "data")
+    }
+
+    /// A contiguous (row-major) tensor holding a copy of `data`, in a buffer flashattn allocates
+    /// the way it does its outputs: starting on a cache line and, from 2 MiB on, on a huge page
+    /// (see [`crate::set_huge_pages`]), which the CPU kernels read fastest. Large slices are
+    /// copied by all threads.
+    ///
+    /// ```
+    /// use flashattn::Tensor;
+    /// let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+    /// assert_eq!(t.transpose(0, 1)?.to_vec::<f32>()?, vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+    /// # Ok::<(), flashattn::Error>(())
+    /// ```
+    pub fn from_slice<T: Element>(data: &[T], shape: &[usize]) -> Result<Self> {
+        let strides = contiguous_strides(shape);
+        check_view(data.len(), shape, &strides, 0, "data")?;
+        let numel: usize = shape.iter().product();
+        let storage = to_cpu_storage(HostBuf::copied(&data[..numel]));
+        Self::from_cpu_storage(storage, shape, &strides, 0, "data")
     }
 
     pub(crate) fn from_cpu_storage(
@@ -368,8 +380,8 @@ impl Tensor {
                 format!("{shape:?}"),
             )
         })?;
-        let (storage, offset) = CpuStorage::filled(dtype, numel, value);
-        Self::from_cpu_storage(storage, shape, &contiguous_strides(shape), offset, "shape")
+        let storage = CpuStorage::filled(dtype, numel, value);
+        Self::from_cpu_storage(storage, shape, &contiguous_strides(shape), 0, "shape")
     }
 
     /// The size of each dimension.
@@ -558,11 +570,12 @@ impl Tensor {
 
     /// A contiguous copy converted to `dtype` (rounding to nearest), on the same device.
     pub fn to_dtype(&self, dtype: DType) -> Result<Self> {
-        let data = self.to_f32_vec()?;
+        let host = self.host()?;
+        let (n, widened) = (self.numel(), self.indices().map(|i| host.get_f32(i)));
         let storage = match dtype {
-            DType::F32 => CpuStorage::F32(data),
-            DType::F16 => CpuStorage::F16(data.into_iter().map(f16::from_f32).collect()),
-            DType::BF16 => CpuStorage::BF16(data.into_iter().map(bf16::from_f32).collect()),
+            DType::F32 => CpuStorage::F32(HostBuf::collected(n, widened)),
+            DType::F16 => CpuStorage::F16(HostBuf::collected(n, widened.map(f16::from_f32))),
+            DType::BF16 => CpuStorage::BF16(HostBuf::collected(n, widened.map(bf16::from_f32))),
         };
         Self::from_cpu_storage(
             storage,
@@ -583,12 +596,12 @@ impl Tensor {
     }
 }
 
-fn to_cpu_storage<T: Element>(data: Vec<T>) -> CpuStorage {
-    // Element is implemented for exactly f32, f16 and bf16; each arm moves the vector without a copy.
+fn to_cpu_storage<T: Element>(data: HostBuf<T>) -> CpuStorage {
+    // Element is implemented for exactly f32, f16 and bf16; each arm moves the buffer without a copy.
     let any: Box<dyn std::any::Any> = Box::new(data);
     match T::DTYPE {
-        DType::F32 => CpuStorage::F32(*any.downcast::<Vec<f32>>().expect("DTYPE F32 is f32")),
-        DType::F16 => CpuStorage::F16(*any.downcast::<Vec<f16>>().expect("DTYPE F16 is f16")),
-        DType::BF16 => CpuStorage::BF16(*any.downcast::<Vec<bf16>>().expect("DTYPE BF16 is bf16")),
+        DType::F32 => CpuStorage::F32(*any.downcast().expect("DTYPE F32 is f32")),
+        DType::F16 => CpuStorage::F16(*any.downcast().expect("DTYPE F16 is f16")),
+        DType::BF16 => CpuStorage::BF16(*any.downcast().expect("DTYPE BF16 is bf16")),
     }
 }

@@ -30,19 +30,20 @@ mod tile_config;
 mod transpose;
 
 use std::cell::RefCell;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::LocalKey;
 
+use aligned_vec::{AVec, RuntimeAlign};
 use half::{bf16, f16};
-use rayon::prelude::*;
 
 use crate::attention::{ForwardOutput, Gradients};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::host_buf::{self, HostBuf};
 use crate::outputs::poison_outputs;
 use crate::problem::{Problem, RowLayout, row_layout, strides_like};
 use crate::tensor::{CpuElement, CpuStorage, Tensor, contiguous_strides};
-use line_buf::{PARALLEL_FILL, line_aligned, line_filled};
 
 /// The vectorized row exp, also used by the standard attention baseline (one exp for both).
 pub(crate) use exp::exp2_shifted_sum;
@@ -80,12 +81,12 @@ fn call_number() -> u64 {
 
 /// A contiguous f32 tensor of zeros (for `arg`, a gradient the kernels add into).
 fn zeros_f32(shape: &[usize], arg: &'static str) -> Result<Tensor> {
-    let (data, offset) = line_filled(shape.iter().product(), 0.0);
+    let data = HostBuf::filled(shape.iter().product(), 0.0);
     Tensor::from_cpu_storage(
         CpuStorage::F32(data),
         shape,
         &contiguous_strides(shape),
-        offset,
+        0,
         arg,
     )
 }
@@ -210,12 +211,9 @@ pub(crate) fn backward(p: &Problem, x: BackwardInputs<'_>) -> Result<Gradients> 
 pub(crate) fn backward_into(p: &Problem, x: BackwardInputs<'_>, g: &mut Gradients) -> Result<()> {
     if let Some(dbias) = g.dbias.as_mut() {
         let range = view_range(dbias);
-        let buf = &mut writable::<f32>(dbias, "dbias")?[range];
-        if buf.len() < PARALLEL_FILL {
-            buf.fill(0.0);
-        } else {
-            buf.par_iter_mut().for_each(|x| *x = 0.0);
-        }
+        host_buf::fill_with(&mut writable::<f32>(dbias, "dbias")?[range], |c| {
+            c.fill(0.0)
+        });
     }
     match p.dtype {
         DType::F32 => backward_into_typed::<f32>(p, x, g),
@@ -327,9 +325,9 @@ fn backward_run<T: CpuElement>(
 /// forward at N=128 1.2-1.4x faster, N=256 1.1x; f32, B=1, H=8, D=64, 2026-11-23). Filled with NaN
 /// when poisoning is on ([`crate::set_poison_outputs`], for tests), as on the GPU.
 struct Unwritten<T> {
-    /// The elements from `offset` on (which starts a cache line: [`line_aligned`]).
-    data: Vec<T>,
-    offset: usize,
+    /// Room for the elements ([`host_buf::allocate`]: aligned, huge pages when large), empty
+    /// until [`Self::written`].
+    data: AVec<T, RuntimeAlign>,
     shape: Vec<usize>,
     strides: Vec<usize>,
 }
@@ -346,13 +344,13 @@ impl<T: CpuElement> Unwritten<T> {
 
     fn with_strides(shape: &[usize], strides: Vec<usize>) -> Self {
         let n: usize = shape.iter().product();
-        let (mut data, offset) = line_aligned(n, T::from_f32(0.0));
+        let mut data = host_buf::allocate::<T>(n);
         if poison_outputs() {
-            data.resize(offset + n, T::from_f32(f32::NAN));
+            let nan = MaybeUninit::new(T::from_f32(f32::NAN));
+            host_buf::fill_with(host_buf::spare(&mut data, n), |dst| dst.fill(nan));
         }
         Unwritten {
             data,
-            offset,
             shape: shape.to_vec(),
             strides,
         }
@@ -362,14 +360,11 @@ impl<T: CpuElement> Unwritten<T> {
         self.shape.iter().product()
     }
 
-    /// The buffer for the kernels' tasks to write.
+    /// The buffer for the kernels' tasks to write (poisoned or not: they only write).
     fn shared(&mut self) -> SharedOut<'_, T> {
         let n = self.len();
         let layout = RowLayout::strided(&self.strides, 0);
-        if self.data.len() > self.offset {
-            return SharedOut::new(&mut self.data[self.offset..], layout);
-        }
-        SharedOut::uninit(&mut self.data.spare_capacity_mut()[..n], layout)
+        SharedOut::uninit(host_buf::spare(&mut self.data, n), layout)
     }
 
     /// The tensor, once written.
@@ -377,10 +372,11 @@ impl<T: CpuElement> Unwritten<T> {
     /// # Safety
     /// Every element must have been written through [`Self::shared`].
     unsafe fn written(mut self, arg: &'static str) -> Result<Tensor> {
-        let (n, offset) = (self.len(), self.offset);
-        // SAFETY: the first `offset` elements are initialized (`line_aligned`), the next n too
-        // (poisoned, or written: the caller's contract), and all are within the capacity.
-        unsafe { self.data.set_len(offset + n) };
-        Tensor::from_cpu_storage(T::wrap(self.data), &self.shape, &self.strides, offset, arg)
+        let n = self.len();
+        // SAFETY: the n elements are initialized (poisoned, or written: the caller's contract),
+        // within the capacity (`host_buf::allocate`).
+        unsafe { self.data.set_len(n) };
+        let data = T::wrap(HostBuf::Own(self.data));
+        Tensor::from_cpu_storage(data, &self.shape, &self.strides, 0, arg)
     }
 }

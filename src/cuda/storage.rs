@@ -12,6 +12,7 @@ use half::{bf16, f16};
 use super::device::Gpu;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::host_buf::HostBuf;
 use crate::outputs::poison_outputs;
 use crate::tensor::CpuStorage;
 
@@ -112,13 +113,13 @@ impl CudaStorage {
 
     /// Copies the whole buffer back to the host (waits for the work queued before it).
     pub(crate) fn download(&self) -> Result<CpuStorage> {
-        fn down<T: DeviceRepr>(gpu: &Gpu, d: &CudaSlice<T>, len: usize) -> Result<Vec<T>> {
+        fn down<T: DeviceRepr>(gpu: &Gpu, d: &CudaSlice<T>, len: usize) -> Result<HostBuf<T>> {
             let mut v = gpu
                 .stream
                 .clone_dtoh(d)
                 .map_err(Gpu::err("copying from the device"))?;
             v.truncate(len);
-            Ok(v)
+            Ok(HostBuf::Taken(v))
         }
         let g = &self.gpu;
         Ok(match &self.buf {

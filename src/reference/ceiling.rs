@@ -7,6 +7,8 @@ use std::time::Instant;
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
+use crate::host_buf::HostBuf;
+
 /// A square f32 product `C = A·B` of random `n × n` operands, kept for repeated timing.
 ///
 /// ```
@@ -17,21 +19,25 @@ use rand::{RngExt, SeedableRng, rngs::StdRng};
 /// ```
 pub struct Sgemm {
     n: usize,
-    a: Vec<f32>,
-    b: Vec<f32>,
-    c: Vec<f32>,
+    a: HostBuf<f32>,
+    b: HostBuf<f32>,
+    c: HostBuf<f32>,
 }
 
 impl Sgemm {
-    /// Operands of `n × n` drawn uniformly from [-1, 1) with `seed`; `C` starts as NaN.
+    /// Operands of `n × n` drawn uniformly from [-1, 1) with `seed`; `C` starts as NaN. They lie
+    /// in buffers allocated as flashattn allocates its tensors (huge pages for large ones: see
+    /// [`crate::set_huge_pages`]), so that the ceiling and the attention it is read against run
+    /// on the same kind of memory.
     pub fn new(n: usize, seed: u64) -> Self {
         let mut rng = StdRng::seed_from_u64(seed);
-        let mut draw = || (0..n * n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let mut draw =
+            || HostBuf::collected(n * n, (0..n * n).map(|_| rng.random_range(-1.0f32..1.0)));
         Sgemm {
             n,
             a: draw(),
             b: draw(),
-            c: vec![f32::NAN; n * n],
+            c: HostBuf::filled(n * n, f32::NAN),
         }
     }
 
