@@ -25,7 +25,7 @@ use aligned_vec::{AVec, RuntimeAlign};
 use rayon::prelude::*;
 
 /// Bytes of a cache line: where every buffer flashattn allocates starts.
-const LINE_BYTES: usize = 64;
+pub(crate) const LINE_BYTES: usize = 64;
 
 /// Bytes of a huge page (x86-64, aarch64 with 4 KiB base pages): buffers of at least this many
 /// bytes start on one and are advised as huge pages.

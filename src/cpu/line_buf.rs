@@ -9,10 +9,7 @@ use std::ops::{Deref, DerefMut};
 
 use rayon::prelude::*;
 
-use crate::host_buf::PARALLEL_FILL;
-
-/// Bytes of a cache line.
-const LINE_BYTES: usize = 64;
+use crate::host_buf::{LINE_BYTES, PARALLEL_FILL};
 
 /// Floats in a cache line.
 const LINE_FLOATS: usize = LINE_BYTES / size_of::<f32>();
