@@ -6,7 +6,8 @@
 //! read or write strided rows once a call (the forward's K/V packing, the backward's packing and
 //! gradient writes) a few rows ahead ([`RowsAhead::ahead_of`]).
 //!
-//! Every prefetch fills L2, none L1: rows 2 KiB apart fall into 8 of the L1 data cache's 64
+//! Every prefetch here fills L2, none L1 (the microkernels fetch their next operand values into
+//! L1 themselves, a line a step): rows 2 KiB apart fall into 8 of the L1 data cache's 64
 //! sets (its 32 KiB, 8 ways, hold 16 such rows of 256 bytes), so a 16-query panel's rows fetched
 //! into L1 a panel or two ahead evicted the rows of the panel being transposed. The forward's
 //! query and output rows fetched into L1 two panels ahead → into L2 four panels ahead, f32,
