@@ -32,7 +32,9 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
-use rayon::prelude::*;
+use std::sync::Mutex;
+
+use super::schedule::for_each_in_runs;
 
 use super::backward_block::{BlockCtx, Scratch, Sinks, padded};
 use super::backward_split::{Split, chunk_blocks, key_part_len, sequence_costs};
@@ -185,8 +187,8 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
             .collect(),
         _ => split_tasks(p, &mut partials, chunks, tiles.block_k, part_len, row_len),
     };
-    // Longest first (the sequences of a packed batch differ), so that rayon's halving of the
-    // list and its stealing hand the long tasks out first, as `Split::of` assumed.
+    // Longest first (the sequences of a packed batch differ): the threads take them from one
+    // queue in this order, so the long tasks go out first, as `Split::of` assumed.
     tasks.sort_by(|a, b| costs[b.b].total_cmp(&costs[a.b]));
     let factor = p.scale / alpha;
     let call = call_number();
@@ -232,9 +234,19 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
             *scratch = Scratch::default();
         }
     };
-    tasks
-        .into_par_iter()
-        .for_each(|task| with_thread_scratch(&SCRATCH, |scratch| body(scratch, task)));
+    // Each task is taken (moved out of its slot) by the first thread free.
+    let tasks: Vec<Mutex<Option<Task<'_>>>> =
+        tasks.into_iter().map(|t| Mutex::new(Some(t))).collect();
+    for_each_in_runs(
+        &tasks,
+        1,
+        |_| 1,
+        |slot| {
+            if let Some(task) = slot.lock().ok().and_then(|mut t| t.take()) {
+                with_thread_scratch(&SCRATCH, |scratch| body(scratch, task));
+            }
+        },
+    );
 
     match split {
         Split::KeyChunks(_) => sum_partials(p, &partials, chunks, factor, &o.dq),
@@ -389,7 +401,7 @@ enum Rows {
 }
 
 /// Calls `f(buf, b, i, h)` once for every row `i` of every sequence `b` and head `h` (query or
-/// key rows and heads, per `rows`), a chunk of rows per rayon task (`buf` a scratch vector of
+/// key rows and heads, per `rows`), a chunk of rows per task (`buf` a scratch vector of
 /// the task), in the memory order of `layout`: all heads of a row together where a row's heads
 /// lie side by side (`[B, N, H, D]`), so that each 4 KiB page is visited once for all its
 /// heads' rows rather than once per head; head by head over the chunk where each head's rows
@@ -419,14 +431,20 @@ where
         })
         .collect();
     let heads_inner = layout.head < layout.row;
-    chunks.into_par_iter().for_each(|(b, rows)| {
-        let mut buf = Vec::new();
-        if heads_inner {
-            rows.for_each(|i| (0..heads).for_each(|h| f(&mut buf, b, i, h)));
-        } else {
-            (0..heads).for_each(|h| rows.clone().for_each(|i| f(&mut buf, b, i, h)));
-        }
-    });
+    for_each_in_runs(
+        &chunks,
+        1,
+        |_| 1,
+        |(b, rows)| {
+            let (b, rows) = (*b, rows.clone());
+            let mut buf = Vec::new();
+            if heads_inner {
+                rows.for_each(|i| (0..heads).for_each(|h| f(&mut buf, b, i, h)));
+            } else {
+                (0..heads).for_each(|h| rows.clone().for_each(|i| f(&mut buf, b, i, h)));
+            }
+        },
+    );
 }
 
 /// The most rows per task of [`for_each_row`], which takes fewer where they would leave it

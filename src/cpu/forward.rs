@@ -1,6 +1,6 @@
 //! CPU forward: FlashAttention over Br×Bc tiles, kept transposed in panels of 16 queries.
 //!
-//! One rayon task per (sequence, query head, block of `block_q` queries) owns those rows of the
+//! One task per (sequence, query head, block of `block_q` queries) owns those rows of the
 //! output; a decoding step (one query a sequence) runs as a matrix-vector product instead, the
 //! query heads of a group as its rows (`decode`). A task packs its queries once as `Qᵀ` panels
 //! (`d × 16`, f32, times `scale · log2(e)` so the softmax runs in base 2), then walks only the
@@ -26,9 +26,9 @@
 //! Query rows are fetched into L2 [`PANELS_AHEAD`] panels ahead of their packing and output rows
 //! as many ahead of their writing (`prefetch`).
 //!
-//! Extra memory: one scratch per worker thread (Qᵀ, Oᵀ, Sᵀ panel, packed K/V rows), O(tile),
-//! kept by the thread from one call to the next (at most about 4 MiB: 2 MiB of tiles at head
-//! dim 512, 2 MiB of kept rows).
+//! Extra memory: one scratch per thread that runs tasks (Qᵀ, Oᵀ, Sᵀ panel, packed K/V rows),
+//! O(tile), kept by the thread from one call to the next (at most about 4 MiB: 2 MiB of tiles
+//! at head dim 512, 2 MiB of kept rows).
 
 use std::cell::RefCell;
 use std::ops::Range;

@@ -26,6 +26,7 @@ mod score_mods;
 mod shared_out;
 mod simd;
 mod softcap;
+mod threads;
 mod tile_config;
 mod transpose;
 
