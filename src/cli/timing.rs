@@ -1,7 +1,7 @@
 //! Timing one call of a method, and its extra memory.
 //!
-//! * CPU: one untimed run, then `repeats` timed runs; the fastest is kept. The counting
-//!   allocator records each run's peak of heap bytes beyond what its results hold.
+//! * CPU: [`CPU_WARM_UP`] untimed runs, then `repeats` timed runs; the fastest is kept. The
+//!   counting allocator records each run's peak of heap bytes beyond what its results hold.
 //! * GPU: kernels run asynchronously, so a run is over only when its results can be read: after
 //!   an untimed run (compiling the kernels) and one synchronized run to size the batches, each of
 //!   `repeats` batches queues enough back-to-back calls for about 50 ms and waits for the last
@@ -89,8 +89,16 @@ pub fn measure(
     })
 }
 
+/// Untimed CPU runs before the timed ones. A call runs on its caller's thread and the pool
+/// threads that join it, which differ from call to call; each thread keeps its tile buffers
+/// for its next call, so with one run a thread's buffers could first be allocated (and counted
+/// as extra memory) in a timed run.
+const CPU_WARM_UP: usize = 3;
+
 fn cpu(repeats: u32, mut call: impl FnMut() -> CliResult<Vec<Tensor>>) -> CliResult<(f64, Extra)> {
-    drop(call()?);
+    for _ in 0..CPU_WARM_UP {
+        drop(call()?);
+    }
     let (mut best, mut extra) = (f64::INFINITY, 0u64);
     for _ in 0..repeats {
         let start = Instant::now();
