@@ -33,8 +33,10 @@ use rayon::prelude::*;
 
 /// Set in [`Gate::state`] once the caller has finished: no worker enters after it.
 const CLOSED: usize = 1;
-/// What one worker inside adds to [`Gate::state`].
-const INSIDE: usize = 2;
+/// Set in [`Gate::state`] by the first worker to enter, and kept.
+const ENTERED: usize = 2;
+/// What one worker inside adds to [`Gate::state`] (the count above the two flags).
+const INSIDE: usize = 4;
 
 /// How the caller waits for the workers inside to leave: spins (about 70 µs on Zen 4, whose
 /// `pause` takes some 64 cycles), then yields of its CPU, then naps: a worker inside is
@@ -48,10 +50,12 @@ const NAP: Duration = Duration::from_micros(50);
 /// measured: 12 was best or within 2% of the best in every case.
 const ENTRY_WAIT: Duration = Duration::from_micros(12);
 
-/// Runs `worker(t)` for `t` in `0..threads`: 0 on the calling thread, the others on the current
-/// rayon pool if they start before worker 0 returns (see the module's doc). Returns once
-/// worker 0 has returned and every other worker has either returned or will never run; a
-/// panic in any of them is passed on to the caller after that.
+/// Runs `worker(t)` for `t` in `0..threads`, each at most once: 0 on the calling thread, the
+/// others on the current rayon pool if they start before worker 0 returns (see the module's
+/// doc). If no worker has entered after [`ENTRY_WAIT`], all of them, 0 included, run on the pool
+/// instead, as a parallel iterator's jobs. Returns once worker 0 has returned and every other
+/// worker has either returned or will never run; a panic in any of them is passed on to the
+/// caller after that.
 pub(crate) fn on_threads(threads: usize, worker: impl Fn(usize) + Sync) {
     if threads <= 1 {
         return worker(0);
@@ -72,7 +76,7 @@ pub(crate) fn on_threads(threads: usize, worker: impl Fn(usize) + Sync) {
         rayon::spawn(move || gate.run(t));
     }
     let start = Instant::now();
-    while gate.state.load(Ordering::Acquire) == 0 {
+    while gate.state.load(Ordering::Acquire) & ENTERED == 0 {
         if start.elapsed() >= ENTRY_WAIT {
             let asleep = gate
                 .state
@@ -102,7 +106,8 @@ pub(crate) fn on_threads(threads: usize, worker: impl Fn(usize) + Sync) {
 
 /// What the caller shares with the workers it hands to the pool.
 struct Gate {
-    /// [`CLOSED`] once the caller has finished, plus [`INSIDE`] for each worker running.
+    /// [`CLOSED`] once the caller has finished, [`ENTERED`] once a worker has entered, plus
+    /// [`INSIDE`] for each worker running.
     state: AtomicUsize,
     work: WorkPtr,
     /// The first panic of a worker on the pool, for the caller to pass on.
@@ -130,7 +135,7 @@ impl Gate {
             }
             match self.state.compare_exchange_weak(
                 state,
-                state + INSIDE,
+                (state | ENTERED) + INSIDE,
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
@@ -159,7 +164,7 @@ impl Drop for Closing<'_> {
         let state = &self.0.state;
         state.fetch_or(CLOSED, Ordering::AcqRel);
         let mut checks = 0u32;
-        while state.load(Ordering::Acquire) != CLOSED {
+        while state.load(Ordering::Acquire) >= INSIDE {
             checks = checks.saturating_add(1);
             if checks < SPINS_BEFORE_YIELD {
                 std::hint::spin_loop();
@@ -226,11 +231,11 @@ mod tests {
             panic: Mutex::new(None),
         };
         gate.run(3);
-        assert_eq!(gate.state.load(Ordering::Relaxed), 0);
+        assert_eq!(gate.state.load(Ordering::Relaxed), ENTERED);
         drop(Closing(&gate));
         gate.run(5);
         assert_eq!(ran.load(Ordering::Relaxed), 3);
-        assert_eq!(gate.state.load(Ordering::Relaxed), CLOSED);
+        assert_eq!(gate.state.load(Ordering::Relaxed), CLOSED | ENTERED);
     }
 
     #[test]
