@@ -22,7 +22,6 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use aligned_vec::{AVec, RuntimeAlign};
-use rayon::prelude::*;
 
 /// Bytes of a cache line: where every buffer flashattn allocates starts.
 pub(crate) const LINE_BYTES: usize = 64;
@@ -31,15 +30,15 @@ pub(crate) const LINE_BYTES: usize = 64;
 /// bytes start on one and are advised as huge pages.
 pub(crate) const HUGE_BYTES: usize = 2 << 20;
 
-/// Buffers of at least this many elements (256 KiB of f32) are written by all threads, so that
-/// their fresh pages are faulted in parallel rather than by the calling thread alone while the
-/// others wait; smaller ones by the calling thread. (Written, not merely zeroed by the
-/// allocator: pages handed out untouched and then read before they are written take a read
-/// fault on the shared zero page and then a copy-on-write fault that flushes every thread's TLB.)
-pub(crate) const PARALLEL_FILL: usize = 1 << 16;
+/// Buffers of at least this many bytes are written by all threads, so that their fresh pages
+/// are faulted in parallel rather than by the calling thread alone while the others wait;
+/// smaller ones by the calling thread. (Written, not merely zeroed by the allocator: pages
+/// handed out untouched and then read before they are written take a read fault on the shared
+/// zero page and then a copy-on-write fault that flushes every thread's TLB.)
+pub(crate) const PARALLEL_FILL_BYTES: usize = 256 << 10;
 
-/// Elements a thread writes at a time when a buffer is filled by all threads.
-const FILL_CHUNK: usize = 1 << 14;
+/// Bytes a thread writes at a time when a buffer is filled by all threads.
+const FILL_CHUNK_BYTES: usize = 64 << 10;
 
 /// Whether large buffers are advised as huge pages: 0 = not decided yet, 1 = no, 2 = yes.
 static HUGE_PAGES: AtomicU8 = AtomicU8::new(0);
@@ -77,32 +76,23 @@ pub(crate) enum HostBuf<T> {
 }
 
 impl<T: Copy + Send + Sync> HostBuf<T> {
-    /// `n` copies of `x`, written by all threads when there are at least [`PARALLEL_FILL`].
+    /// `n` copies of `x`, written by all threads from [`PARALLEL_FILL_BYTES`] on.
     pub(crate) fn filled(n: usize, x: T) -> Self {
         let mut buf = allocate::<T>(n);
-        fill_with(spare(&mut buf, n), |dst| dst.fill(MaybeUninit::new(x)));
+        fill_with(spare(&mut buf, n), |_, dst| dst.fill(MaybeUninit::new(x)));
         // SAFETY: the first n elements were just written, within the capacity.
         unsafe { buf.set_len(n) };
         HostBuf::Own(buf)
     }
 
-    /// A copy of `src`, written by all threads when it has at least [`PARALLEL_FILL`] elements.
+    /// A copy of `src`, written by all threads from [`PARALLEL_FILL_BYTES`] on.
     pub(crate) fn copied(src: &[T]) -> Self {
         let mut buf = allocate::<T>(src.len());
-        let dst = spare(&mut buf, src.len());
-        if src.len() < PARALLEL_FILL {
-            dst.iter_mut()
-                .zip(src)
-                .for_each(|(d, &s)| *d = MaybeUninit::new(s));
-        } else {
-            dst.par_chunks_mut(FILL_CHUNK)
-                .zip(src.par_chunks(FILL_CHUNK))
-                .for_each(|(d, s)| {
-                    d.iter_mut()
-                        .zip(s)
-                        .for_each(|(d, &s)| *d = MaybeUninit::new(s))
-                });
-        }
+        fill_with(spare(&mut buf, src.len()), |at, dst| {
+            for (d, &s) in dst.iter_mut().zip(&src[at..]) {
+                *d = MaybeUninit::new(s);
+            }
+        });
         // SAFETY: the first src.len() elements were just written, within the capacity.
         unsafe { buf.set_len(src.len()) };
         HostBuf::Own(buf)
@@ -171,13 +161,15 @@ pub(crate) fn spare<T>(buf: &mut AVec<T, RuntimeAlign>, n: usize) -> &mut [Maybe
     unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<MaybeUninit<T>>(), n) }
 }
 
-/// Runs `f` over `dst` in one piece, or in chunks on all threads when it has at least
-/// [`PARALLEL_FILL`] elements.
-pub(crate) fn fill_with<T: Send>(dst: &mut [T], f: impl Fn(&mut [T]) + Send + Sync) {
-    if dst.len() < PARALLEL_FILL {
-        f(dst);
+/// Runs `f(at, piece)` over `dst` in pieces, `at` the index of the piece's first element: in
+/// one piece, or from [`PARALLEL_FILL_BYTES`] on in chunks on all threads (those that run the
+/// kernels' tasks: `cpu::for_each_chunk`).
+pub(crate) fn fill_with<T: Send>(dst: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
+    if size_of_val(dst) < PARALLEL_FILL_BYTES {
+        f(0, dst);
     } else {
-        dst.par_chunks_mut(FILL_CHUNK).for_each(f);
+        let chunk = (FILL_CHUNK_BYTES / size_of::<T>().max(1)).max(1);
+        crate::cpu::for_each_chunk(dst, chunk, |i, piece| f(i * chunk, piece));
     }
 }
 
@@ -206,7 +198,14 @@ mod tests {
     /// copied and collected buffers hold what they were given.
     #[test]
     fn own_buffers_are_aligned_and_hold_their_elements() {
-        for n in [0, 1, 33, 1000, PARALLEL_FILL + 5, (HUGE_BYTES / 4) + 17] {
+        for n in [
+            0,
+            1,
+            33,
+            1000,
+            PARALLEL_FILL_BYTES / 4 + 5,
+            (HUGE_BYTES / 4) + 17,
+        ] {
             let f = HostBuf::filled(n, 2.5f32);
             assert_eq!((f.len(), start(&f) % LINE_BYTES), (n, 0), "{n}");
             assert!(f.iter().all(|&x| x == 2.5));

@@ -5,11 +5,10 @@
 //! `Vec` (16-byte aligned by the allocator) each such row may straddle one more line than it
 //! fills, and whether it does changes from one allocation to the next.
 
+use std::mem::MaybeUninit;
 use std::ops::{Deref, DerefMut};
 
-use rayon::prelude::*;
-
-use crate::host_buf::{LINE_BYTES, PARALLEL_FILL};
+use crate::host_buf::{LINE_BYTES, fill_with};
 
 /// Floats in a cache line.
 const LINE_FLOATS: usize = LINE_BYTES / size_of::<f32>();
@@ -28,16 +27,16 @@ pub(crate) struct LineBuf {
 }
 
 impl LineBuf {
-    /// `n` copies of `x`, written by all threads when there are at least [`PARALLEL_FILL`].
+    /// `n` copies of `x`, written by all threads from `host_buf::PARALLEL_FILL_BYTES` on.
     pub(crate) fn filled(n: usize, x: f32) -> Self {
         let count = n.div_ceil(LINE_FLOATS);
-        let line = Line([x; LINE_FLOATS]);
+        let line = MaybeUninit::new(Line([x; LINE_FLOATS]));
         let mut lines = Vec::with_capacity(count);
-        if n >= PARALLEL_FILL {
-            lines.par_extend(rayon::iter::repeat_n(line, count));
-        } else {
-            lines.resize(count, line);
-        }
+        fill_with(&mut lines.spare_capacity_mut()[..count], |_, dst| {
+            dst.fill(line)
+        });
+        // SAFETY: the first `count` lines were just written, within the capacity.
+        unsafe { lines.set_len(count) };
         LineBuf { lines, len: n }
     }
 

@@ -48,6 +48,8 @@ use crate::tensor::{CpuElement, CpuStorage, Tensor, contiguous_strides};
 
 /// The vectorized row exp, also used by the standard attention baseline (one exp for both).
 pub(crate) use exp::exp2_shifted_sum;
+/// Parallel writes of large buffers (`host_buf`), on the same threads as the kernels' tasks.
+pub(crate) use schedule::for_each_chunk;
 pub(crate) use shared_out::SharedOut;
 pub use simd::{Simd, cpu_simd};
 
@@ -212,7 +214,7 @@ pub(crate) fn backward(p: &Problem, x: BackwardInputs<'_>) -> Result<Gradients> 
 pub(crate) fn backward_into(p: &Problem, x: BackwardInputs<'_>, g: &mut Gradients) -> Result<()> {
     if let Some(dbias) = g.dbias.as_mut() {
         let range = view_range(dbias);
-        host_buf::fill_with(&mut writable::<f32>(dbias, "dbias")?[range], |c| {
+        host_buf::fill_with(&mut writable::<f32>(dbias, "dbias")?[range], |_, c| {
             c.fill(0.0)
         });
     }
@@ -348,7 +350,7 @@ impl<T: CpuElement> Unwritten<T> {
         let mut data = host_buf::allocate::<T>(n);
         if poison_outputs() {
             let nan = MaybeUninit::new(T::from_f32(f32::NAN));
-            host_buf::fill_with(host_buf::spare(&mut data, n), |dst| dst.fill(nan));
+            host_buf::fill_with(host_buf::spare(&mut data, n), |_, dst| dst.fill(nan));
         }
         Unwritten {
             data,

@@ -18,6 +18,7 @@
 //! - f16 inputs, N=1024, one run a thread: 1.004–1.015 (one queue: causal 0.97–0.98, every
 //!   thread converting every head).
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::threads::on_threads;
@@ -54,6 +55,31 @@ pub(crate) fn for_each_in_runs<T: Sync>(
             }
         }
     });
+}
+
+/// Runs `f(i, chunk)` on chunk `i` of `dst` cut into chunks of `chunk` elements (the last
+/// may be shorter), each chunk a task of [`for_each_in_runs`] in one queue.
+pub(crate) fn for_each_chunk<T: Send>(
+    dst: &mut [T],
+    chunk: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    // Each slot is taken (moved out) by the one thread that runs its task.
+    let slots: Vec<Mutex<Option<&mut [T]>>> = dst
+        .chunks_mut(chunk.max(1))
+        .map(|c| Mutex::new(Some(c)))
+        .collect();
+    let tasks: Vec<(usize, &Mutex<Option<&mut [T]>>)> = slots.iter().enumerate().collect();
+    for_each_in_runs(
+        &tasks,
+        1,
+        |_| 1,
+        |&(i, slot)| {
+            if let Some(c) = slot.lock().ok().and_then(|mut c| c.take()) {
+                f(i, c);
+            }
+        },
+    );
 }
 
 /// Cuts `tasks` into at most `runs` contiguous, non-empty runs of about equal total cost, none
