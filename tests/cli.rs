@@ -185,7 +185,7 @@ fn bench_rounds_and_the_gemm_ceiling() {
             );
         }
     }
-    // One round: the share is this round's rate over this round's sgemm rate.
+    // One round: the share is this round's rate over the sgemm rate timed around it.
     let (_, records) = run("1");
     for r in records.iter().filter(|r| r["method"] == "flashattn") {
         let (rate, gemm) = (

@@ -39,8 +39,9 @@ Examples:
   flashattn bench --device cuda --seqlens 1024,8192 --dtype bf16
 
 Times are the fastest of --repeats runs after one untimed run (with --rounds R, the median over
-R rounds of that). --gemm adds the f32 sgemm rate of each round and each flashattn rate as a
-percentage of it (% GEMM: the median over the rounds of the ratio). Extra memory is the peak of heap
+R rounds of that). --gemm times an f32 sgemm just before and just after each flashattn timing and
+gives each flashattn rate as a percentage of the mean of the two (% GEMM: the median over the
+rounds of the ratio). Extra memory is the peak of heap
 bytes allocated during the call beyond its inputs and outputs (a counting allocator). The
 standard attention is skipped, with a note, where its score matrix would not fit in the memory
 available (MemAvailable in /proc/meminfo).
@@ -329,8 +330,9 @@ pub struct BenchArgs {
     /// machine weighs on every configuration alike.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub rounds: u32,
-    /// Also time an f32 sgemm (1024×1024×1024, all threads) in every round and give each
-    /// flashattn rate as a percentage of the sgemm rate of the same round (CPU only).
+    /// Also time an f32 sgemm (1024×1024×1024, all threads) just before and just after each
+    /// flashattn timing and give each flashattn rate as a percentage of the mean of the two
+    /// (CPU only).
     #[arg(long)]
     pub gemm: bool,
 }

@@ -65,13 +65,16 @@ pub struct Row {
     pub standard_device: Device,
     /// The standard attention's figures, or why it did not run.
     pub standard: StandardOutcome,
-    /// flashattn's rate as a percentage of the sgemm's in the same round (median over the
+    /// flashattn's rate as a percentage of the sgemm's timed around it (median over the
     /// rounds), with `--gemm`.
     pub gemm_percent: Option<f64>,
+    /// The sgemm rate (GFLOP/s) that share is of: the mean of the sgemm's rates just before and
+    /// just after flashattn's timing (median over the rounds), with `--gemm`.
+    pub gemm_ceiling: Option<f64>,
 }
 
-/// What a sweep measured: a row per configuration, and the sgemm rate (GFLOP/s, median over
-/// the rounds) with `--gemm`.
+/// What a sweep measured: a row per configuration, and the sgemm rate (GFLOP/s, median of
+/// its timings) with `--gemm`.
 pub struct Sweep {
     pub rows: Vec<Row>,
     pub gemm_gflops: Option<f64>,
@@ -214,28 +217,47 @@ fn too_big(need: u64, avail: Option<u64>) -> Option<String> {
     })
 }
 
-/// Measures every configuration in each of `--rounds` rounds (the sgemm first in each, with
-/// `--gemm`), advancing `bar`, and keeps the medians over the rounds.
+/// Measures every configuration in each of `--rounds` rounds, advancing `bar`, and keeps the
+/// medians over the rounds. With `--gemm`, the sgemm is timed just before and just after each
+/// flashattn timing (one sgemm timing serves as the "after" of one configuration and the
+/// "before" of the next when nothing ran between them), and each flashattn rate is taken as a
+/// share of the mean of the two: a slow spell of the shared machine that lasts a few seconds
+/// then weighs on the rate and its ceiling alike, where one sgemm a round (timed up to a
+/// minute before some configurations) could miss it or catch it alone.
 fn sweep(a: &BenchArgs, configs: &[(Pass, Config)], bar: &ProgressBar) -> CliResult<Sweep> {
     let mut gemm = a.gemm.then(|| Sgemm::new(GEMM_N, a.seed));
     let mut ceilings = Vec::new();
-    let mut timed: Vec<Vec<(Measurement, StandardOutcome)>> = vec![Vec::new(); configs.len()];
+    // The sgemm timed right after the last flashattn timing, with nothing run since.
+    let mut last = None;
+    let mut timed: Vec<Vec<(Measurement, StandardOutcome, Option<f64>)>> =
+        vec![Vec::new(); configs.len()];
     for round in 1..=a.rounds {
         let of = if a.rounds > 1 {
             format!("round {round}/{}: ", a.rounds)
         } else {
             String::new()
         };
-        if let Some(g) = gemm.as_mut() {
-            bar.set_message(format!("{of}sgemm {GEMM_N}x{GEMM_N}x{GEMM_N}"));
-            ceilings.push(g.gflops(a.repeats));
-        }
         for (i, (pass, cfg)) in configs.iter().enumerate() {
-            bar.set_message(format!("{of}{} {}", pass.name(), cfg.describe()));
             let x = cfg.inputs(a.seed + i as u64)?;
+            let mut sgemm = |last: Option<f64>, ceilings: &mut Vec<f64>| {
+                let g = gemm.as_mut()?;
+                Some(last.unwrap_or_else(|| {
+                    bar.set_message(format!("{of}sgemm {GEMM_N}x{GEMM_N}x{GEMM_N}"));
+                    let rate = g.gflops(a.repeats);
+                    ceilings.push(rate);
+                    rate
+                }))
+            };
+            let before = sgemm(last.take(), &mut ceilings);
+            bar.set_message(format!("{of}{} {}", pass.name(), cfg.describe()));
             let flash = run_flash(&x, *pass, a.device, a.repeats)?;
+            let after = sgemm(None, &mut ceilings);
+            let ceiling = before.zip(after).map(|(b, f)| (b + f) / 2.0);
             let standard = run_standard(&x, *pass, a.device, a.repeats, a.no_standard)?;
-            timed[i].push((flash, standard));
+            if matches!(standard, StandardOutcome::Skipped(_)) {
+                last = after;
+            }
+            timed[i].push((flash, standard, ceiling));
             bar.inc(1);
         }
     }
@@ -243,22 +265,23 @@ fn sweep(a: &BenchArgs, configs: &[(Pass, Config)], bar: &ProgressBar) -> CliRes
         .iter()
         .zip(timed)
         .map(|((pass, cfg), rounds)| {
-            let flash: Vec<Measurement> = rounds.iter().map(|(f, _)| *f).collect();
-            let gemm_percent = (!ceilings.is_empty()).then(|| {
-                let shares = flash
-                    .iter()
-                    .zip(&ceilings)
-                    .map(|(f, g)| 100.0 * f.gflops / g);
-                median(shares.collect())
-            });
+            let flash: Vec<Measurement> = rounds.iter().map(|(f, _, _)| *f).collect();
+            let shares: Option<Vec<f64>> = rounds
+                .iter()
+                .map(|(f, _, g)| g.map(|g| 100.0 * f.gflops / g))
+                .collect();
+            let gemm_percent = shares.filter(|s| !s.is_empty()).map(median);
+            let around: Option<Vec<f64>> = rounds.iter().map(|(_, _, g)| *g).collect();
+            let gemm_ceiling = around.filter(|g| !g.is_empty()).map(median);
             Row {
                 pass: *pass,
                 config: cfg.clone(),
                 device: a.device,
                 flash: median_measurement(&flash),
                 standard_device: a.device,
-                standard: median_outcome(rounds.into_iter().map(|(_, s)| s).collect()),
+                standard: median_outcome(rounds.into_iter().map(|(_, s, _)| s).collect()),
                 gemm_percent,
+                gemm_ceiling,
             }
         })
         .collect();
@@ -335,7 +358,7 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
         println!("kernel {line}");
     }
     if let Some(path) = &a.json {
-        json::write(path, &rows, gemm_gflops)?;
+        json::write(path, &rows)?;
         println!("wrote {}", path.display());
     }
     if let Some(path) = &a.plot {
@@ -449,8 +472,9 @@ fn render(rows: &[Row], a: &BenchArgs, gemm_gflops: Option<f64>) -> String {
     );
     if let Some(g) = gemm_gflops {
         out += &format!(
-            "sgemm {GEMM_N}x{GEMM_N}x{GEMM_N} f32 on {} threads: {g:.1} GFLOP/s{rounds}; % GEMM = \
-             flashattn's rate / the sgemm's of the same round\n",
+            "sgemm {GEMM_N}x{GEMM_N}x{GEMM_N} f32 on {} threads: {g:.1} GFLOP/s (median of its \
+             timings); % GEMM = flashattn's rate / the mean of the sgemm rates timed just before \
+             and after it\n",
             rayon::current_num_threads()
         );
     }

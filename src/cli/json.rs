@@ -37,10 +37,11 @@ struct Record {
     extra_memory_source: Option<&'static str>,
     /// Why the method did not run, when it did not.
     skipped: Option<String>,
-    /// flashattn's rate as a percentage of the sgemm rate of the same round (median over the
+    /// flashattn's rate as a percentage of the sgemm rate timed around it (median over the
     /// rounds), with `--gemm`; `null` otherwise and for the standard attention.
     gemm_percent: Option<f64>,
-    /// The sgemm rate of `--gemm` in GFLOP/s (median over the rounds); `null` without it.
+    /// The sgemm rate `gemm_percent` is a share of, in GFLOP/s: the mean of the sgemm timed just
+    /// before and just after flashattn (median over the rounds); `null` where `gemm_percent` is.
     gemm_gflops: Option<f64>,
 }
 
@@ -68,12 +69,12 @@ fn record(r: &Row, method: &'static str, device: String, m: Option<&Measurement>
     }
 }
 
-/// The records of `rows` as a JSON array; `gemm_gflops` is the sgemm rate of `--gemm`.
-pub fn to_json(rows: &[Row], gemm_gflops: Option<f64>) -> CliResult<String> {
+/// The records of `rows` as a JSON array.
+pub fn to_json(rows: &[Row]) -> CliResult<String> {
     let mut records = Vec::new();
     for r in rows {
         let mut flash = record(r, "flashattn", r.device.to_string(), Some(&r.flash));
-        (flash.gemm_percent, flash.gemm_gflops) = (r.gemm_percent, gemm_gflops);
+        (flash.gemm_percent, flash.gemm_gflops) = (r.gemm_percent, r.gemm_ceiling);
         records.push(flash);
         let std_device = r.standard_device.to_string();
         match &r.standard {
@@ -89,8 +90,8 @@ pub fn to_json(rows: &[Row], gemm_gflops: Option<f64>) -> CliResult<String> {
 }
 
 /// Writes the records of `rows` to `path` (atomically).
-pub fn write(path: &Path, rows: &[Row], gemm_gflops: Option<f64>) -> CliResult<()> {
-    let mut text = to_json(rows, gemm_gflops)?;
+pub fn write(path: &Path, rows: &[Row]) -> CliResult<()> {
+    let mut text = to_json(rows)?;
     text.push('\n');
     write_bytes_atomic(path, text.as_bytes())
 }

@@ -355,6 +355,7 @@ mod tests {
             standard_device: Device::Cpu,
             standard,
             gemm_percent: None,
+            gemm_ceiling: None,
         }
     }
 
