@@ -32,9 +32,7 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
-use std::sync::Mutex;
-
-use super::schedule::for_each_in_runs;
+use super::schedule::{for_each_owned, for_each_queued};
 
 use super::backward_block::{BlockCtx, Scratch, Sinks, padded};
 use super::backward_split::{Split, chunk_blocks, key_part_len, sequence_costs};
@@ -234,19 +232,10 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
             *scratch = Scratch::default();
         }
     };
-    // Each task is taken (moved out of its slot) by the first thread free.
-    let tasks: Vec<Mutex<Option<Task<'_>>>> =
-        tasks.into_iter().map(|t| Mutex::new(Some(t))).collect();
-    for_each_in_runs(
-        &tasks,
-        1,
-        |_| 1,
-        |slot| {
-            if let Some(task) = slot.lock().ok().and_then(|mut t| t.take()) {
-                with_thread_scratch(&SCRATCH, |scratch| body(scratch, task));
-            }
-        },
-    );
+    // Each task is taken by the first thread free.
+    for_each_owned(tasks, |task| {
+        with_thread_scratch(&SCRATCH, |scratch| body(scratch, task))
+    });
 
     match split {
         Split::KeyChunks(_) => sum_partials(p, &partials, chunks, factor, &o.dq),
@@ -431,20 +420,15 @@ where
         })
         .collect();
     let heads_inner = layout.head < layout.row;
-    for_each_in_runs(
-        &chunks,
-        1,
-        |_| 1,
-        |(b, rows)| {
-            let (b, rows) = (*b, rows.clone());
-            let mut buf = Vec::new();
-            if heads_inner {
-                rows.for_each(|i| (0..heads).for_each(|h| f(&mut buf, b, i, h)));
-            } else {
-                (0..heads).for_each(|h| rows.clone().for_each(|i| f(&mut buf, b, i, h)));
-            }
-        },
-    );
+    for_each_queued(&chunks, |(b, rows)| {
+        let (b, rows) = (*b, rows.clone());
+        let mut buf = Vec::new();
+        if heads_inner {
+            rows.for_each(|i| (0..heads).for_each(|h| f(&mut buf, b, i, h)));
+        } else {
+            (0..heads).for_each(|h| rows.clone().for_each(|i| f(&mut buf, b, i, h)));
+        }
+    });
 }
 
 /// The most rows per task of [`for_each_row`], which takes fewer where they would leave it

@@ -57,29 +57,30 @@ pub(crate) fn for_each_in_runs<T: Sync>(
     });
 }
 
+/// [`for_each_in_runs`] with one queue for all threads, in the order given.
+pub(crate) fn for_each_queued<T: Sync>(tasks: &[T], body: impl Fn(&T) + Sync) {
+    for_each_in_runs(tasks, 1, |_| 1, body);
+}
+
+/// [`for_each_queued`] over tasks that `body` takes by value (holding `&mut` borrows, say):
+/// each is moved out of its slot by the one thread that runs it.
+pub(crate) fn for_each_owned<T: Send>(tasks: impl IntoIterator<Item = T>, body: impl Fn(T) + Sync) {
+    let slots: Vec<Mutex<Option<T>>> = tasks.into_iter().map(|t| Mutex::new(Some(t))).collect();
+    for_each_queued(&slots, |slot| {
+        if let Some(task) = slot.lock().ok().and_then(|mut t| t.take()) {
+            body(task);
+        }
+    });
+}
+
 /// Runs `f(i, chunk)` on chunk `i` of `dst` cut into chunks of `chunk` elements (the last
-/// may be shorter), each chunk a task of [`for_each_in_runs`] in one queue.
+/// may be shorter), each chunk a task of [`for_each_owned`].
 pub(crate) fn for_each_chunk<T: Send>(
     dst: &mut [T],
     chunk: usize,
     f: impl Fn(usize, &mut [T]) + Sync,
 ) {
-    // Each slot is taken (moved out) by the one thread that runs its task.
-    let slots: Vec<Mutex<Option<&mut [T]>>> = dst
-        .chunks_mut(chunk.max(1))
-        .map(|c| Mutex::new(Some(c)))
-        .collect();
-    let tasks: Vec<(usize, &Mutex<Option<&mut [T]>>)> = slots.iter().enumerate().collect();
-    for_each_in_runs(
-        &tasks,
-        1,
-        |_| 1,
-        |&(i, slot)| {
-            if let Some(c) = slot.lock().ok().and_then(|mut c| c.take()) {
-                f(i, c);
-            }
-        },
-    );
+    for_each_owned(dst.chunks_mut(chunk.max(1)).enumerate(), |(i, c)| f(i, c));
 }
 
 /// Cuts `tasks` into at most `runs` contiguous, non-empty runs of about equal total cost, none

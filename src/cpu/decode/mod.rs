@@ -49,7 +49,7 @@ mod step;
 use std::cell::RefCell;
 use std::ops::Range;
 
-use crate::cpu::schedule::for_each_in_runs;
+use crate::cpu::schedule::for_each_queued;
 
 use crate::cpu::exp::{LANES, exp2};
 use crate::cpu::forward::Inputs;
@@ -148,47 +148,37 @@ pub(crate) fn run<T: CpuElement>(
     let mut partials = vec![0f32; slots * part];
     {
         let shared = SharedOut::new(&mut partials, Default::default());
-        for_each_in_runs(
-            &tasks,
-            1,
-            |_| 1,
-            |task| {
-                let step = Step {
-                    p,
-                    x,
-                    b: task.b,
-                    groups: task.groups.clone(),
-                    keys: task.keys.clone(),
+        for_each_queued(&tasks, |task| {
+            let step = Step {
+                p,
+                x,
+                b: task.b,
+                groups: task.groups.clone(),
+                keys: task.keys.clone(),
+            };
+            with_thread_scratch(&SCRATCH, |sc| {
+                step.run(sc);
+                let Some(slot) = task.slot else {
+                    return step.write(sc, &out, &lse);
                 };
-                with_thread_scratch(&SCRATCH, |sc| {
-                    step.run(sc);
-                    let Some(slot) = task.slot else {
-                        return step.write(sc, &out, &lse);
-                    };
-                    for (h, at, max, sum) in step.heads(sc) {
-                        let at_part = slot * part + (h - task.groups.start * g) * (dv + 2);
-                        // SAFETY: the task's slots of the partials belong to it alone.
-                        unsafe {
-                            shared.write_row(at_part, sc.o[at..at + dv].iter().copied());
-                            shared.write_row(at_part + dv, [max, sum].into_iter());
-                        }
+                for (h, at, max, sum) in step.heads(sc) {
+                    let at_part = slot * part + (h - task.groups.start * g) * (dv + 2);
+                    // SAFETY: the task's slots of the partials belong to it alone.
+                    unsafe {
+                        shared.write_row(at_part, sc.o[at..at + dv].iter().copied());
+                        shared.write_row(at_part + dv, [max, sum].into_iter());
                     }
-                });
-            },
-        );
+                }
+            });
+        });
     }
-    for_each_in_runs(
-        &split,
-        1,
-        |_| 1,
-        |(b, hk, runs)| {
-            let runs: Vec<&[f32]> = runs
-                .iter()
-                .map(|&i| &partials[i * part..(i + 1) * part])
-                .collect();
-            combine(p, (*b, hk * g), &runs, &out, &lse);
-        },
-    );
+    for_each_queued(&split, |(b, hk, runs)| {
+        let runs: Vec<&[f32]> = runs
+            .iter()
+            .map(|&i| &partials[i * part..(i + 1) * part])
+            .collect();
+        combine(p, (*b, hk * g), &runs, &out, &lse);
+    });
 }
 
 /// Writes the output rows and log-sum-exps of heads `h..h + group` of sequence `b` from the
