@@ -8,7 +8,7 @@
 //! ```text
 //! S  = Q·(αK)ᵀ           score options (softcap, ALiBi, bias), mask on boundary tiles
 //! P  = 2^(S − lse·log2e)   the forward's probabilities, recomputed
-//! dP = dO·Vᵀ,  dS = P∘(dP − D)       (D = rowsum(dO∘O), computed before)
+//! dS = P∘(dO·Vᵀ − D)       one product, dP never stored (D = rowsum(dO∘O), computed before)
 //! dV += Pᵀ·dO,  dK += dSᵀ·Q,  dQ += dS·(αK)
 //! ```
 //!
@@ -34,11 +34,10 @@ use std::ops::Range;
 use super::SharedOut;
 use super::backward::{Inputs, Layouts};
 use super::bias_grad::{BiasGrad, TileFold};
-use super::elementwise::softmax_grad;
 use super::exp::exp2_shifted_sum;
 use super::line_buf::LineBuf;
 use super::matmul::Write;
-use super::microkernel::{PANEL, PairOffsets, PanelStrides, panels_product};
+use super::microkernel::{PANEL, PairOffsets, PanelStrides, panels_product, softmax_grad_product};
 use super::prefetch::RowsAhead;
 use super::score_mods::{ScoreMods, apply_score_mods_rows};
 use super::transpose::transpose;
@@ -202,6 +201,38 @@ fn product(
             st,
             both,
             write,
+        );
+    }
+}
+
+/// `C[rows × cols] = P ∘ (A · B − delta[r])` per row `r` (`P` at C's offsets and row stride),
+/// `cols` a multiple of 16, panel by panel: the softmax gradient `dS` from `dO`, `Vᵀ`, P and D.
+fn grad_product(
+    c: Panels<&mut [f32]>,
+    a: Strided<'_>,
+    b: Panels<&[f32]>,
+    (rows, k, cols): (usize, usize, usize),
+    probs: &[f32],
+    delta: &[f32],
+) {
+    let st = PanelStrides {
+        a_rs: a.rs,
+        a_cs: a.cs,
+        b_rs: b.rs,
+        c_rs: c.rs,
+    };
+    let pair = PairOffsets { b: PANEL, c: PANEL };
+    for c0 in (0..cols).step_by(2 * PANEL) {
+        let both = (c0 + 2 * PANEL <= cols).then_some(pair);
+        softmax_grad_product(
+            &mut c.data[c0..],
+            a.data,
+            &b.data[c0..],
+            (rows, k),
+            st,
+            both,
+            &probs[c0..],
+            delta,
         );
     }
 }
@@ -490,12 +521,10 @@ impl<T: CpuElement> BlockCtx<'_, T> {
             data: &mut *ds,
             rs: ld,
         };
-        product(dp_rows, dout, vt, (nr, dv, nc16), Write::Overwrite);
-        for (r, i) in rows.clone().enumerate() {
-            let delta = self.delta[p.lse_at(b, h, i)];
-            let row = r * ld..r * ld + nc16;
-            softmax_grad(&mut ds[row.clone()], &s[row], delta);
-        }
+        // dS = P∘(dP − D), straight from the product (`D` is indexed like the log-sum-exp).
+        let d0 = p.lse_at(b, h, rows.start);
+        let delta = &self.delta[d0..d0 + nr];
+        grad_product(dp_rows, dout, vt, (nr, dv, nc16), s, delta);
         if let Some(db) = dbias {
             db.add_tile(fold, (ds, ld), b, h, rows.clone(), keys.clone());
         }

@@ -1,25 +1,12 @@
-//! Elementwise row kernels of the backward: `dS = P∘(dP − D)` over a score tile and the
-//! `D = rowsum(dO∘O)` dot products, in AVX-512 when the CPU has it (the baseline build gives
-//! the compiler only SSE2's 4 lanes), plain Rust otherwise.
+//! The backward's `D = rowsum(dO∘O)` dot products, in AVX-512 when the CPU has it (the
+//! baseline build gives the compiler only SSE2's 4 lanes), plain Rust otherwise. (`dS =
+//! P∘(dP − D)` is the epilogue of `dP`'s product: `microkernel::softmax_grad_product`.)
 //!
-//! In SSE2 the `dS` loop was about 2% of a one-thread f32 backward and the dot products, summed
-//! one element at a time, 0.7% (B=1, H=8, D=64, N=1024, `perf`, 2026-11-23).
+//! Summed one element at a time in SSE2, the dot products took 0.7% of a one-thread f32
+//! backward (B=1, H=8, D=64, N=1024, `perf`, 2026-11-23).
 
 #[cfg(target_arch = "x86_64")]
 use super::simd::{Simd, cpu_simd};
-
-/// `ds[j] = p[j] · (ds[j] − delta)` for every `j` (equal lengths).
-pub(crate) fn softmax_grad(ds: &mut [f32], p: &[f32], delta: f32) {
-    assert_eq!(ds.len(), p.len(), "softmax_grad: lengths differ");
-    #[cfg(target_arch = "x86_64")]
-    if cpu_simd() == Simd::Avx512 {
-        // SAFETY: the CPU supports AVX-512F.
-        return unsafe { avx512::softmax_grad(ds, p, delta) };
-    }
-    for (g, &pj) in ds.iter_mut().zip(p) {
-        *g = pj * (*g - delta);
-    }
-}
 
 /// `Σ a[j]·b[j]` (equal lengths), in several partial sums.
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -53,26 +40,6 @@ mod avx512 {
     const LANES: usize = 16;
 
     #[target_feature(enable = "avx512f")]
-    pub(super) fn softmax_grad(ds: &mut [f32], p: &[f32], delta: f32) {
-        let d = _mm512_set1_ps(delta);
-        let mut g = ds.chunks_exact_mut(LANES);
-        let mut q = p.chunks_exact(LANES);
-        for (g, q) in (&mut g).zip(&mut q) {
-            // SAFETY: `g` and `q` hold 16 f32 each.
-            unsafe {
-                let v = _mm512_sub_ps(_mm512_loadu_ps(g.as_ptr()), d);
-                _mm512_storeu_ps(
-                    g.as_mut_ptr(),
-                    _mm512_mul_ps(_mm512_loadu_ps(q.as_ptr()), v),
-                );
-            }
-        }
-        for (g, &pj) in g.into_remainder().iter_mut().zip(q.remainder()) {
-            *g = pj * (*g - delta);
-        }
-    }
-
-    #[target_feature(enable = "avx512f")]
     pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
         let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
         let (ca, cb) = (a.chunks_exact(2 * LANES), b.chunks_exact(2 * LANES));
@@ -95,15 +62,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn softmax_grad_and_dot_match_scalar_loops() {
+    fn dot_matches_f64_sums() {
         for n in [0, 1, 15, 16, 17, 31, 32, 33, 64, 100] {
             let p: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).cos().abs()).collect();
             let g: Vec<f32> = (0..n).map(|i| (i as f32 * 0.91).sin()).collect();
-            let mut ds = g.clone();
-            softmax_grad(&mut ds, &p, 0.25);
-            for j in 0..n {
-                assert_eq!(ds[j], p[j] * (g[j] - 0.25), "n {n} j {j}");
-            }
             let want: f64 = p.iter().zip(&g).map(|(&a, &b)| a as f64 * b as f64).sum();
             let norm: f64 = p
                 .iter()

@@ -18,7 +18,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Block, ColMax, PANEL};
+use super::{Block, ColMax, Epilogue, PANEL};
 use crate::cpu::exp::avx512::exp2_ps;
 
 /// A run of `blocks` register blocks of the same height, one after the other; C, A and B
@@ -27,8 +27,8 @@ type Kernel<const W: usize> = unsafe fn(Block, usize, &mut [ColMax; W]);
 
 /// Lists the instances of a kernel for the row counts given.
 macro_rules! kernels {
-    ($f:ident, $w:ident, $unit:literal, [$($r:literal),*]) => {
-        [$($f::<$r, $w, $unit> as Kernel<$w>),*]
+    ($f:ident, $w:ident, $unit:literal, $e:ident, [$($r:literal),*]) => {
+        [$($f::<$r, $w, $unit, $e> as Kernel<$w>),*]
     };
 }
 
@@ -36,23 +36,37 @@ macro_rules! kernels {
 /// panel's lane maxima. A macro, not a function: a call would put the accumulators in memory.
 /// Expanded only inside `unsafe` blocks of AVX-512F functions whose C rows are writable.
 macro_rules! store {
-    ($x:expr, $acc:expr, $col_max:expr) => {
+    ($x:expr, $acc:expr, $col_max:expr, $e:expr) => {{
+        // The epilogue's operands (see `Epilogue`; read only by the kernels with `E` set).
+        let (probs, delta) = match $x.epilogue {
+            Some(Epilogue::SoftmaxGrad { p, delta }) => (p, delta),
+            None => (std::ptr::null(), std::ptr::null()),
+        };
         for (w, col_max) in $col_max.iter_mut().enumerate() {
             let mut max = _mm512_loadu_ps(col_max.as_ptr());
             for (r, acc) in $acc.iter().enumerate() {
-                let cr = $x.c.add(w * $x.pair.c + r * $x.st.c_rs);
-                let v = if $x.accumulate {
-                    _mm512_add_ps(acc[w], _mm512_loadu_ps(cr))
-                } else {
-                    acc[w]
+                let at = w * $x.pair.c + r * $x.st.c_rs;
+                let cr = $x.c.add(at);
+                let v = match $e {
+                    SOFTMAX_GRAD => {
+                        let d = _mm512_set1_ps(*delta.add(r));
+                        _mm512_mul_ps(_mm512_loadu_ps(probs.add(at)), _mm512_sub_ps(acc[w], d))
+                    }
+                    _ if $x.accumulate => _mm512_add_ps(acc[w], _mm512_loadu_ps(cr)),
+                    _ => acc[w],
                 };
                 _mm512_storeu_ps(cr, v);
                 max = _mm512_max_ps(max, v);
             }
             _mm512_storeu_ps(col_max.as_mut_ptr(), max);
         }
-    };
+    }};
 }
+
+/// The kernels' store, by their const parameter `E`: plain (C = acc or C += acc), or the
+/// softmax gradient's epilogue (see `Epilogue`).
+const PLAIN: u8 = 0;
+const SOFTMAX_GRAD: u8 = 1;
 
 /// The whole product (see [`super::product`]), cut into register blocks of nearly equal size.
 ///
@@ -61,10 +75,32 @@ macro_rules! store {
 /// (checked by [`super::product`]).
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn product<const W: usize>(x: Block, rows: usize, col_max: &mut [ColMax; W]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match x.epilogue {
+            None => product_with::<W, PLAIN>(x, rows, col_max),
+            Some(Epilogue::SoftmaxGrad { .. }) => product_with::<W, SOFTMAX_GRAD>(x, rows, col_max),
+        }
+    }
+}
+
+/// [`product`] by the kernels whose store is `E`: each kernel is compiled for one kind of
+/// store, so that the plain one stays as it was and an epilogue's registers do not crowd the
+/// accumulators of another.
+///
+/// # Safety
+/// As for [`product`]; with an epilogue, A's columns are not contiguous (`a_rs != 1`).
+#[target_feature(enable = "avx512f")]
+unsafe fn product_with<const W: usize, const E: u8>(
+    x: Block,
+    rows: usize,
+    col_max: &mut [ColMax; W],
+) {
     let cols: [Kernel<W>; 24] = kernels!(
         block_cols,
         W,
         true,
+        PLAIN,
         [
             1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24
         ]
@@ -73,15 +109,16 @@ pub(super) unsafe fn product<const W: usize>(x: Block, rows: usize, col_max: &mu
         block_cols,
         W,
         false,
+        E,
         [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
     );
     let quads: [Kernel<W>; 6] = [
-        block_rows::<4, 1, W>,
-        block_rows::<8, 2, W>,
-        block_rows::<12, 3, W>,
-        block_rows::<16, 4, W>,
-        block_rows::<20, 5, W>,
-        block_rows::<24, 6, W>,
+        block_rows::<4, 1, W, E>,
+        block_rows::<8, 2, W, E>,
+        block_rows::<12, 3, W, E>,
+        block_rows::<16, 4, W, E>,
+        block_rows::<20, 5, W, E>,
+        block_rows::<24, 6, W, E>,
     ];
     // 24 accumulators at most: 24 rows on one panel, 12 on a pair.
     let max_rows = 24 / W;
@@ -93,17 +130,17 @@ pub(super) unsafe fn product<const W: usize>(x: Block, rows: usize, col_max: &mu
             return;
         }
         let kernel = table[mr / unit - 1];
-        let first = Block {
-            // SAFETY (of the two adds): r0 < rows, inside C and A (the caller's contract).
-            c: unsafe { x.c.add(r0 * st.c_rs) },
-            a: unsafe { x.a.add(r0 * st.a_rs) },
-            ..x
-        };
+        // Rows r0.. lie inside C and A (the caller's contract).
+        let first = x.down(r0);
         // SAFETY: rows r0..r0 + blocks·mr lie inside the product's rows; AVX-512F is available.
         unsafe { kernel(first, blocks, col_max) };
         r0 += blocks * mr;
     };
     if st.a_rs == 1 {
+        assert!(
+            E == PLAIN,
+            "panel product: no epilogue with A's columns contiguous"
+        );
         for part in even_split(rows, max_rows) {
             run(&cols, 1, part);
         }
@@ -150,11 +187,7 @@ pub(super) unsafe fn product_exp<const W: usize>(
     let height = rows.min(if W == 2 { 8 } else { 12 });
     // SAFETY: rows 0..height lie inside the product (the caller's contract).
     unsafe { first[height - 1](x, shift, sums) };
-    let rest = Block {
-        c: x.c.wrapping_add(height * x.st.c_rs),
-        a: x.a.wrapping_add(height),
-        ..x
-    };
+    let rest = x.down(height);
     // Their maxima are not wanted (C accumulates the output).
     let mut col_max = [[f32::NEG_INFINITY; PANEL]; W];
     // SAFETY: rows height..rows of the same product; B now holds the exponentials.
@@ -219,7 +252,7 @@ unsafe fn block_exp<const R: usize, const W: usize>(
     }
     let mut col_max = [[f32::NEG_INFINITY; PANEL]; W];
     // SAFETY: the block's rows of C are writable (caller's contract).
-    unsafe { store!(x, acc, col_max) };
+    unsafe { store!(x, acc, col_max, PLAIN) };
     for (w, total) in sums.iter_mut().enumerate() {
         // SAFETY: `total` holds 16 f32.
         unsafe {
@@ -272,7 +305,7 @@ fn even_split(n: usize, max: usize) -> [(usize, usize); 2] {
 /// B or itself.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn block_rows<const R: usize, const G: usize, const W: usize>(
+unsafe fn block_rows<const R: usize, const G: usize, const W: usize, const E: u8>(
     mut x: Block,
     blocks: usize,
     col_max: &mut [ColMax; W],
@@ -317,10 +350,9 @@ unsafe fn block_rows<const R: usize, const G: usize, const W: usize>(
         }
         // SAFETY: the block's rows of C are writable (caller's contract); `col_max` holds W
         // panels of 16 f32.
-        unsafe { store!(x, acc, col_max) };
+        unsafe { store!(x, acc, col_max, E) };
         // The next block (wrapping: past the last block these point nowhere and are not read).
-        x.a = x.a.wrapping_add(R * x.st.a_rs);
-        x.c = x.c.wrapping_add(R * x.st.c_rs);
+        x = x.down(R);
     }
 }
 
@@ -331,7 +363,7 @@ unsafe fn block_rows<const R: usize, const G: usize, const W: usize>(
 /// As for [`block_rows`], with `a + r·a_rs + l·a_cs` valid instead.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn block_cols<const R: usize, const W: usize, const UNIT: bool>(
+unsafe fn block_cols<const R: usize, const W: usize, const UNIT: bool, const E: u8>(
     mut x: Block,
     blocks: usize,
     col_max: &mut [ColMax; W],
@@ -359,10 +391,9 @@ unsafe fn block_cols<const R: usize, const W: usize, const UNIT: bool>(
         }
         // SAFETY: the block's rows of C are writable (caller's contract); `col_max` holds W
         // panels of 16 f32.
-        unsafe { store!(x, acc, col_max) };
+        unsafe { store!(x, acc, col_max, E) };
         // The next block (wrapping: past the last block these point nowhere and are not read).
-        x.a = x.a.wrapping_add(R * x.st.a_rs);
-        x.c = x.c.wrapping_add(R * x.st.c_rs);
+        x = x.down(R);
     }
 }
 

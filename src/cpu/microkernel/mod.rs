@@ -8,7 +8,8 @@
 //!
 //! The forward uses it twice per key block: `Sᵀ = K · Qᵀ` (rows: keys, `k`: head dim) and
 //! `Oᵀ += Vᵀ · Pᵀ` (rows: value dims, `k`: keys), the latter through [`softmax_product()`], which
-//! also turns the scores into `Pᵀ` on the way. [`panels_product`] can multiply the same
+//! also turns the scores into `Pᵀ` on the way. The backward's `dP = dO·Vᵀ` goes through
+//! [`softmax_grad_product()`], whose blocks leave as `dS = P∘(dP − D)`. [`panels_product`] can multiply the same
 //! `A` by two panels at once (two `B`s and two `C`s, each a fixed offset from the first), so
 //! each broadcast of `A` feeds two FMAs.
 //!
@@ -32,11 +33,13 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod softmax_grad;
 mod softmax_product;
 
 use super::matmul::Write;
 use super::simd::{Simd, cpu_simd};
 
+pub(crate) use softmax_grad::softmax_grad_product;
 pub(crate) use softmax_product::softmax_product;
 
 /// Queries per panel: one 16-lane AVX-512 vector, two 8-lane AVX2 vectors.
@@ -101,6 +104,35 @@ struct Block {
     st: PanelStrides,
     pair: PairOffsets,
     accumulate: bool,
+    /// What the block writes instead of `acc` (or C + acc), if anything.
+    epilogue: Option<Epilogue>,
+}
+
+/// A per-row function of the register block on its way out, instead of the plain store.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+enum Epilogue {
+    /// `P ∘ (acc − delta[r])`, with P at C's offsets and `delta` one value per row of C (see
+    /// [`softmax_grad_product`]).
+    SoftmaxGrad { p: *const f32, delta: *const f32 },
+}
+
+impl Block {
+    /// The block `rows` rows further down C and A.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn down(self, rows: usize) -> Block {
+        Block {
+            c: self.c.wrapping_add(rows * self.st.c_rs),
+            a: self.a.wrapping_add(rows * self.st.a_rs),
+            epilogue: self.epilogue.map(|e| match e {
+                Epilogue::SoftmaxGrad { p, delta } => Epilogue::SoftmaxGrad {
+                    p: p.wrapping_add(rows * self.st.c_rs),
+                    delta: delta.wrapping_add(rows),
+                },
+            }),
+            ..self
+        }
+    }
 }
 
 /// The product on `W` panels with the kernels of `simd` (at most the CPU's level).
@@ -144,6 +176,7 @@ fn product<const W: usize>(
         st,
         pair,
         accumulate: write == Write::Accumulate,
+        epilogue: None,
     };
     debug_assert!(simd <= cpu_simd());
     match simd {

@@ -87,6 +87,7 @@ pub(super) fn product_exp<const W: usize>(
             st,
             pair,
             accumulate: true,
+            epilogue: None,
         };
         // SAFETY: AVX-512F is available (simd ≤ cpu_simd); the operands lie inside their
         // slices (checked above); B, borrowed mutably, may be written through `block.b`, and C,

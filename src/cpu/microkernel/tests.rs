@@ -264,3 +264,63 @@ fn softmax_product_matches_f64_for_every_size_and_level() {
         }
     }
 }
+
+/// Checks [`softmax_grad::grad`] against f64 sums on `W` panels, for every level: `C = P∘(A·B −
+/// D)`, nothing written outside C's panels.
+fn check_grad<const W: usize>(rows: usize, k: usize, a_rs: usize, a_cs: usize) {
+    let (b_rs, c_rs) = (PANEL + 2, PANEL + 1);
+    let pair = PairOffsets {
+        b: b_rs * k.max(1) + 5,
+        c: c_rs * rows.max(1) + 3,
+    };
+    let a: Vec<f32> = (0..(rows.max(1) - 1) * a_rs + k.max(1) * a_cs + 1)
+        .map(|i| (i as f32 * 0.37).sin())
+        .collect();
+    let b: Vec<f32> = (0..pair.b * W).map(|i| (i as f32 * 0.11).cos()).collect();
+    let p: Vec<f32> = (0..pair.c * W)
+        .map(|i| (i as f32 * 0.23).sin().abs())
+        .collect();
+    let delta: Vec<f32> = (0..rows).map(|r| (r as f32 * 0.7).cos()).collect();
+    let st = PanelStrides {
+        a_rs,
+        a_cs,
+        b_rs,
+        c_rs,
+    };
+    for simd in levels() {
+        let mut c = vec![f32::NAN; pair.c * W];
+        softmax_grad::grad::<W>(simd, &mut c, &a, &b, (rows, k), st, pair, (&p, &delta));
+        for w in 0..W {
+            for i in 0..pair.c {
+                let (r, j) = (i / c_rs, i % c_rs);
+                let got = c[w * pair.c + i];
+                if r >= rows || j >= PANEL {
+                    assert!(got.is_nan(), "{simd} wrote outside C at {i}");
+                    continue;
+                }
+                let dp: f64 = (0..k)
+                    .map(|l| a[r * a_rs + l * a_cs] as f64 * b[w * pair.b + l * b_rs + j] as f64)
+                    .sum();
+                let want = p[w * pair.c + i] as f64 * (dp - delta[r] as f64);
+                assert!(
+                    (got as f64 - want).abs() < 1e-4,
+                    "{simd} W={W} rows {rows} k {k} strides ({a_rs}, {a_cs}) panel {w} \
+                     ({r},{j}): {got} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_grad_product_matches_f64_for_every_size_and_level() {
+    for rows in (0..=30).chain([47, 128]) {
+        for k in [0, 1, 17, 64] {
+            // Rows contiguous (dO in dP = dO·Vᵀ), columns contiguous, any strides.
+            for (a_rs, a_cs) in [(k + 3, 1), (1, rows + 3), (2, 2 * rows + 1)] {
+                check_grad::<1>(rows, k, a_rs, a_cs);
+                check_grad::<2>(rows, k, a_rs, a_cs);
+            }
+        }
+    }
+}
