@@ -174,6 +174,32 @@ fn transposed(data: &[f32], ld: usize) -> Strided<'_> {
     }
 }
 
+/// The microkernel's strides for C (rows `c_rs` apart), A and B, and where each pair of
+/// 16-column panels of a `cols`-wide C starts (`cols` a multiple of 16): two panels at a time
+/// (each broadcast of A feeds both), one for an odd last panel.
+fn panel_pairs(
+    c_rs: usize,
+    a: &Strided<'_>,
+    b_rs: usize,
+    cols: usize,
+) -> (
+    PanelStrides,
+    impl Iterator<Item = (usize, Option<PairOffsets>)>,
+) {
+    let st = PanelStrides {
+        a_rs: a.rs,
+        a_cs: a.cs,
+        b_rs,
+        c_rs,
+    };
+    let pair = PairOffsets { b: PANEL, c: PANEL };
+    let starts = (0..cols).step_by(2 * PANEL);
+    (
+        st,
+        starts.map(move |c0| (c0, (c0 + 2 * PANEL <= cols).then_some(pair))),
+    )
+}
+
 /// `C[rows × cols] (=|+=) A[rows × k] · B[k × cols]`, `cols` a multiple of 16, panel by panel.
 fn product(
     c: Panels<&mut [f32]>,
@@ -182,26 +208,10 @@ fn product(
     (rows, k, cols): (usize, usize, usize),
     write: Write,
 ) {
-    let st = PanelStrides {
-        a_rs: a.rs,
-        a_cs: a.cs,
-        b_rs: b.rs,
-        c_rs: c.rs,
-    };
-    // Two panels at a time (each broadcast of A feeds both), one for an odd last panel.
-    let pair = PairOffsets { b: PANEL, c: PANEL };
-    for c0 in (0..cols).step_by(2 * PANEL) {
-        let both = (c0 + 2 * PANEL <= cols).then_some(pair);
-        panels_product(
-            &mut c.data[c0..],
-            a.data,
-            &b.data[c0..],
-            rows,
-            k,
-            st,
-            both,
-            write,
-        );
+    let (st, pairs) = panel_pairs(c.rs, &a, b.rs, cols);
+    for (c0, both) in pairs {
+        let (c, b) = (&mut c.data[c0..], &b.data[c0..]);
+        panels_product(c, a.data, b, rows, k, st, both, write);
     }
 }
 
@@ -215,25 +225,10 @@ fn grad_product(
     probs: &[f32],
     delta: &[f32],
 ) {
-    let st = PanelStrides {
-        a_rs: a.rs,
-        a_cs: a.cs,
-        b_rs: b.rs,
-        c_rs: c.rs,
-    };
-    let pair = PairOffsets { b: PANEL, c: PANEL };
-    for c0 in (0..cols).step_by(2 * PANEL) {
-        let both = (c0 + 2 * PANEL <= cols).then_some(pair);
-        softmax_grad_product(
-            &mut c.data[c0..],
-            a.data,
-            &b.data[c0..],
-            (rows, k),
-            st,
-            both,
-            &probs[c0..],
-            delta,
-        );
+    let (st, pairs) = panel_pairs(c.rs, &a, b.rs, cols);
+    for (c0, both) in pairs {
+        let (c, b, p) = (&mut c.data[c0..], &b.data[c0..], &probs[c0..]);
+        softmax_grad_product(c, a.data, b, (rows, k), st, both, p, delta);
     }
 }
 

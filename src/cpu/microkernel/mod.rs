@@ -118,6 +118,29 @@ enum Epilogue {
 }
 
 impl Block {
+    /// The product of `k` steps on C, A and B from their first elements, plainly stored
+    /// (`accumulate` false, no epilogue).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn new(
+        c: *mut f32,
+        a: *const f32,
+        b: *const f32,
+        k: usize,
+        st: PanelStrides,
+        pair: PairOffsets,
+    ) -> Block {
+        Block {
+            c,
+            a,
+            b,
+            k,
+            st,
+            pair,
+            accumulate: false,
+            epilogue: None,
+        }
+    }
+
     /// The block `rows` rows further down C and A.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn down(self, rows: usize) -> Block {
@@ -169,14 +192,8 @@ fn product<const W: usize>(
     }
     check_ab::<W>(a.len(), b.len(), rows, k, st, pair);
     let block = Block {
-        c: c.as_mut_ptr(),
-        a: a.as_ptr(),
-        b: b.as_ptr(),
-        k,
-        st,
-        pair,
         accumulate: write == Write::Accumulate,
-        epilogue: None,
+        ..Block::new(c.as_mut_ptr(), a.as_ptr(), b.as_ptr(), k, st, pair)
     };
     debug_assert!(simd <= cpu_simd());
     match simd {

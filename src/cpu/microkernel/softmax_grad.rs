@@ -71,18 +71,13 @@ pub(super) fn grad<const W: usize>(
     #[cfg(target_arch = "x86_64")]
     if simd == Simd::Avx512 && k > 0 && st.a_rs != 1 {
         check_ab::<W>(a.len(), b.len(), rows, k, st, pair);
+        let epilogue = Epilogue::SoftmaxGrad {
+            p: p.as_ptr(),
+            delta: delta.as_ptr(),
+        };
         let block = Block {
-            c: c.as_mut_ptr(),
-            a: a.as_ptr(),
-            b: b.as_ptr(),
-            k,
-            st,
-            pair,
-            accumulate: false,
-            epilogue: Some(Epilogue::SoftmaxGrad {
-                p: p.as_ptr(),
-                delta: delta.as_ptr(),
-            }),
+            epilogue: Some(epilogue),
+            ..Block::new(c.as_mut_ptr(), a.as_ptr(), b.as_ptr(), k, st, pair)
         };
         let mut col_max = [[f32::NEG_INFINITY; PANEL]; W];
         // SAFETY: AVX-512F is available (simd ≤ cpu_simd); C, A, B and P lie inside their

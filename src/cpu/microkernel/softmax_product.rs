@@ -79,15 +79,10 @@ pub(super) fn product_exp<const W: usize>(
     if simd == Simd::Avx512 && st.a_rs == 1 && rows > 0 {
         check_c::<W>(c.len(), rows, st, pair);
         check_ab::<W>(a.len(), b.len(), rows, k, st, pair);
+        let b = b.as_mut_ptr().cast_const();
         let block = Block {
-            c: c.as_mut_ptr(),
-            a: a.as_ptr(),
-            b: b.as_mut_ptr().cast_const(),
-            k,
-            st,
-            pair,
             accumulate: true,
-            epilogue: None,
+            ..Block::new(c.as_mut_ptr(), a.as_ptr(), b, k, st, pair)
         };
         // SAFETY: AVX-512F is available (simd ≤ cpu_simd); the operands lie inside their
         // slices (checked above); B, borrowed mutably, may be written through `block.b`, and C,

@@ -8,8 +8,13 @@ fn levels() -> Vec<Simd> {
         .collect()
 }
 
-/// Checks one product against f64 sums, on `W` panels, for every level.
-fn check<const W: usize>(rows: usize, k: usize, a_rs: usize, a_cs: usize) {
+/// A, B (`W` panels, rows a little wider than 16), the strides and the panels' offsets of a
+/// `rows × k` product whose A has strides `(a_rs, a_cs)` and whose C rows are 17 apart.
+fn operands<const W: usize>(
+    rows: usize,
+    k: usize,
+    (a_rs, a_cs): (usize, usize),
+) -> (Vec<f32>, Vec<f32>, PanelStrides, PairOffsets) {
     let (b_rs, c_rs) = (PANEL + 2, PANEL + 1);
     let pair = PairOffsets {
         b: b_rs * k.max(1) + 5,
@@ -25,6 +30,13 @@ fn check<const W: usize>(rows: usize, k: usize, a_rs: usize, a_cs: usize) {
         b_rs,
         c_rs,
     };
+    (a, b, st, pair)
+}
+
+/// Checks one product against f64 sums, on `W` panels, for every level.
+fn check<const W: usize>(rows: usize, k: usize, a_rs: usize, a_cs: usize) {
+    let (a, b, st, pair) = operands::<W>(rows, k, (a_rs, a_cs));
+    let (b_rs, c_rs) = (st.b_rs, st.c_rs);
     for simd in levels() {
         for write in [Write::Overwrite, Write::Accumulate] {
             let init = if write == Write::Overwrite {
@@ -268,25 +280,12 @@ fn softmax_product_matches_f64_for_every_size_and_level() {
 /// Checks [`softmax_grad::grad`] against f64 sums on `W` panels, for every level: `C = P∘(A·B −
 /// D)`, nothing written outside C's panels.
 fn check_grad<const W: usize>(rows: usize, k: usize, a_rs: usize, a_cs: usize) {
-    let (b_rs, c_rs) = (PANEL + 2, PANEL + 1);
-    let pair = PairOffsets {
-        b: b_rs * k.max(1) + 5,
-        c: c_rs * rows.max(1) + 3,
-    };
-    let a: Vec<f32> = (0..(rows.max(1) - 1) * a_rs + k.max(1) * a_cs + 1)
-        .map(|i| (i as f32 * 0.37).sin())
-        .collect();
-    let b: Vec<f32> = (0..pair.b * W).map(|i| (i as f32 * 0.11).cos()).collect();
+    let (a, b, st, pair) = operands::<W>(rows, k, (a_rs, a_cs));
+    let (b_rs, c_rs) = (st.b_rs, st.c_rs);
     let p: Vec<f32> = (0..pair.c * W)
         .map(|i| (i as f32 * 0.23).sin().abs())
         .collect();
     let delta: Vec<f32> = (0..rows).map(|r| (r as f32 * 0.7).cos()).collect();
-    let st = PanelStrides {
-        a_rs,
-        a_cs,
-        b_rs,
-        c_rs,
-    };
     for simd in levels() {
         let mut c = vec![f32::NAN; pair.c * W];
         softmax_grad::grad::<W>(simd, &mut c, &a, &b, (rows, k), st, pair, (&p, &delta));
