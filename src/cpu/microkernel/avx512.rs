@@ -18,7 +18,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Block, ColMax, Epilogue, PANEL};
+use super::{Block, ColMax, GradRows, PANEL};
 use crate::cpu::exp::avx512::exp2_ps;
 
 /// A run of `blocks` register blocks of the same height, one after the other; C, A and B
@@ -27,8 +27,8 @@ type Kernel<const W: usize> = unsafe fn(Block, usize, &mut [ColMax; W]);
 
 /// Lists the instances of a kernel for the row counts given.
 macro_rules! kernels {
-    ($f:ident, $w:ident, $unit:literal, $e:ident, [$($r:literal),*]) => {
-        [$($f::<$r, $w, $unit, $e> as Kernel<$w>),*]
+    ($f:ident, $w:ident, $unit:literal, $grad:tt, [$($r:literal),*]) => {
+        [$($f::<$r, $w, $unit, { $grad }> as Kernel<$w>),*]
     };
 }
 
@@ -36,24 +36,24 @@ macro_rules! kernels {
 /// panel's lane maxima. A macro, not a function: a call would put the accumulators in memory.
 /// Expanded only inside `unsafe` blocks of AVX-512F functions whose C rows are writable.
 macro_rules! store {
-    ($x:expr, $acc:expr, $col_max:expr, $e:expr) => {{
-        // The epilogue's operands (see `Epilogue`; read only by the kernels with `E` set).
-        let (probs, delta) = match $x.epilogue {
-            Some(Epilogue::SoftmaxGrad { p, delta }) => (p, delta),
-            None => (std::ptr::null(), std::ptr::null()),
-        };
+    ($x:expr, $acc:expr, $col_max:expr, $grad:expr) => {{
+        // The gradient's operands (read only by the kernels with `GRAD` set).
+        let g = $x.grad.unwrap_or(GradRows {
+            p: std::ptr::null(),
+            delta: std::ptr::null(),
+        });
         for (w, col_max) in $col_max.iter_mut().enumerate() {
             let mut max = _mm512_loadu_ps(col_max.as_ptr());
             for (r, acc) in $acc.iter().enumerate() {
                 let at = w * $x.pair.c + r * $x.st.c_rs;
                 let cr = $x.c.add(at);
-                let v = match $e {
-                    SOFTMAX_GRAD => {
-                        let d = _mm512_set1_ps(*delta.add(r));
-                        _mm512_mul_ps(_mm512_loadu_ps(probs.add(at)), _mm512_sub_ps(acc[w], d))
-                    }
-                    _ if $x.accumulate => _mm512_add_ps(acc[w], _mm512_loadu_ps(cr)),
-                    _ => acc[w],
+                let v = if $grad {
+                    let d = _mm512_set1_ps(*g.delta.add(r));
+                    _mm512_mul_ps(_mm512_loadu_ps(g.p.add(at)), _mm512_sub_ps(acc[w], d))
+                } else if $x.accumulate {
+                    _mm512_add_ps(acc[w], _mm512_loadu_ps(cr))
+                } else {
+                    acc[w]
                 };
                 _mm512_storeu_ps(cr, v);
                 max = _mm512_max_ps(max, v);
@@ -62,11 +62,6 @@ macro_rules! store {
         }
     }};
 }
-
-/// The kernels' store, by their const parameter `E`: plain (C = acc or C += acc), or the
-/// softmax gradient's epilogue (see `Epilogue`).
-const PLAIN: u8 = 0;
-const SOFTMAX_GRAD: u8 = 1;
 
 /// The whole product (see [`super::product`]), cut into register blocks of nearly equal size.
 ///
@@ -77,21 +72,20 @@ const SOFTMAX_GRAD: u8 = 1;
 pub(super) unsafe fn product<const W: usize>(x: Block, rows: usize, col_max: &mut [ColMax; W]) {
     // SAFETY: the caller's contract.
     unsafe {
-        match x.epilogue {
-            None => product_with::<W, PLAIN>(x, rows, col_max),
-            Some(Epilogue::SoftmaxGrad { .. }) => product_with::<W, SOFTMAX_GRAD>(x, rows, col_max),
+        match x.grad {
+            None => product_with::<W, false>(x, rows, col_max),
+            Some(_) => product_with::<W, true>(x, rows, col_max),
         }
     }
 }
 
-/// [`product`] by the kernels whose store is `E`: each kernel is compiled for one kind of
-/// store, so that the plain one stays as it was and an epilogue's registers do not crowd the
-/// accumulators of another.
+/// [`product`] by the kernels that store the softmax gradient (`GRAD`) or plainly: each
+/// kernel is compiled for one kind of store, so that the plain one stays as it was.
 ///
 /// # Safety
-/// As for [`product`]; with an epilogue, A's columns are not contiguous (`a_rs != 1`).
+/// As for [`product`]; with the gradient, A's columns are not contiguous (`a_rs != 1`).
 #[target_feature(enable = "avx512f")]
-unsafe fn product_with<const W: usize, const E: u8>(
+unsafe fn product_with<const W: usize, const GRAD: bool>(
     x: Block,
     rows: usize,
     col_max: &mut [ColMax; W],
@@ -100,7 +94,7 @@ unsafe fn product_with<const W: usize, const E: u8>(
         block_cols,
         W,
         true,
-        PLAIN,
+        false,
         [
             1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24
         ]
@@ -109,16 +103,16 @@ unsafe fn product_with<const W: usize, const E: u8>(
         block_cols,
         W,
         false,
-        E,
+        GRAD,
         [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
     );
     let quads: [Kernel<W>; 6] = [
-        block_rows::<4, 1, W, E>,
-        block_rows::<8, 2, W, E>,
-        block_rows::<12, 3, W, E>,
-        block_rows::<16, 4, W, E>,
-        block_rows::<20, 5, W, E>,
-        block_rows::<24, 6, W, E>,
+        block_rows::<4, 1, W, GRAD>,
+        block_rows::<8, 2, W, GRAD>,
+        block_rows::<12, 3, W, GRAD>,
+        block_rows::<16, 4, W, GRAD>,
+        block_rows::<20, 5, W, GRAD>,
+        block_rows::<24, 6, W, GRAD>,
     ];
     // 24 accumulators at most: 24 rows on one panel, 12 on a pair.
     let max_rows = 24 / W;
@@ -138,8 +132,8 @@ unsafe fn product_with<const W: usize, const E: u8>(
     };
     if st.a_rs == 1 {
         assert!(
-            E == PLAIN,
-            "panel product: no epilogue with A's columns contiguous"
+            !GRAD,
+            "panel product: no gradient with A's columns contiguous"
         );
         for part in even_split(rows, max_rows) {
             run(&cols, 1, part);
@@ -252,7 +246,7 @@ unsafe fn block_exp<const R: usize, const W: usize>(
     }
     let mut col_max = [[f32::NEG_INFINITY; PANEL]; W];
     // SAFETY: the block's rows of C are writable (caller's contract).
-    unsafe { store!(x, acc, col_max, PLAIN) };
+    unsafe { store!(x, acc, col_max, false) };
     for (w, total) in sums.iter_mut().enumerate() {
         // SAFETY: `total` holds 16 f32.
         unsafe {
@@ -305,7 +299,7 @@ fn even_split(n: usize, max: usize) -> [(usize, usize); 2] {
 /// B or itself.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn block_rows<const R: usize, const G: usize, const W: usize, const E: u8>(
+unsafe fn block_rows<const R: usize, const G: usize, const W: usize, const GRAD: bool>(
     mut x: Block,
     blocks: usize,
     col_max: &mut [ColMax; W],
@@ -350,7 +344,7 @@ unsafe fn block_rows<const R: usize, const G: usize, const W: usize, const E: u8
         }
         // SAFETY: the block's rows of C are writable (caller's contract); `col_max` holds W
         // panels of 16 f32.
-        unsafe { store!(x, acc, col_max, E) };
+        unsafe { store!(x, acc, col_max, GRAD) };
         // The next block (wrapping: past the last block these point nowhere and are not read).
         x = x.down(R);
     }
@@ -363,7 +357,7 @@ unsafe fn block_rows<const R: usize, const G: usize, const W: usize, const E: u8
 /// As for [`block_rows`], with `a + r·a_rs + l·a_cs` valid instead.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn block_cols<const R: usize, const W: usize, const UNIT: bool, const E: u8>(
+unsafe fn block_cols<const R: usize, const W: usize, const UNIT: bool, const GRAD: bool>(
     mut x: Block,
     blocks: usize,
     col_max: &mut [ColMax; W],
@@ -391,7 +385,7 @@ unsafe fn block_cols<const R: usize, const W: usize, const UNIT: bool, const E: 
         }
         // SAFETY: the block's rows of C are writable (caller's contract); `col_max` holds W
         // panels of 16 f32.
-        unsafe { store!(x, acc, col_max, E) };
+        unsafe { store!(x, acc, col_max, GRAD) };
         // The next block (wrapping: past the last block these point nowhere and are not read).
         x = x.down(R);
     }

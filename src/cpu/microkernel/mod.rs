@@ -9,9 +9,9 @@
 //! The forward uses it twice per key block: `Sᵀ = K · Qᵀ` (rows: keys, `k`: head dim) and
 //! `Oᵀ += Vᵀ · Pᵀ` (rows: value dims, `k`: keys), the latter through [`softmax_product()`], which
 //! also turns the scores into `Pᵀ` on the way. The backward's `dP = dO·Vᵀ` goes through
-//! [`softmax_grad_product()`], whose blocks leave as `dS = P∘(dP − D)`. [`panels_product`] can multiply the same
-//! `A` by two panels at once (two `B`s and two `C`s, each a fixed offset from the first), so
-//! each broadcast of `A` feeds two FMAs.
+//! [`softmax_grad_product()`], whose blocks leave as `dS = P∘(dP − D)`. [`panels_product`] can
+//! multiply the same `A` by two panels at once (two `B`s and two `C`s, each a fixed offset from
+//! the first), so each broadcast of `A` feeds two FMAs.
 //!
 //! Kernels, by [`cpu_simd`] level (single-core rates of a 256×64 by 64×16 product with
 //! everything in cache, Zen 5 at about 4.1 GHz, 2026-11-23; FMA peak 261 GFLOP/s with AVX-512,
@@ -104,22 +104,21 @@ struct Block {
     st: PanelStrides,
     pair: PairOffsets,
     accumulate: bool,
-    /// What the block writes instead of `acc` (or C + acc), if anything.
-    epilogue: Option<Epilogue>,
+    /// Store `P ∘ (acc − delta[r])` instead of `acc` (see [`softmax_grad_product`]).
+    grad: Option<GradRows>,
 }
 
-/// A per-row function of the register block on its way out, instead of the plain store.
+/// The softmax gradient's operands: P at C's offsets, `delta` one value per row of C.
 #[derive(Clone, Copy)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-enum Epilogue {
-    /// `P ∘ (acc − delta[r])`, with P at C's offsets and `delta` one value per row of C (see
-    /// [`softmax_grad_product`]).
-    SoftmaxGrad { p: *const f32, delta: *const f32 },
+struct GradRows {
+    p: *const f32,
+    delta: *const f32,
 }
 
 impl Block {
     /// The product of `k` steps on C, A and B from their first elements, plainly stored
-    /// (`accumulate` false, no epilogue).
+    /// (`accumulate` false, no gradient).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn new(
         c: *mut f32,
@@ -137,7 +136,7 @@ impl Block {
             st,
             pair,
             accumulate: false,
-            epilogue: None,
+            grad: None,
         }
     }
 
@@ -147,11 +146,9 @@ impl Block {
         Block {
             c: self.c.wrapping_add(rows * self.st.c_rs),
             a: self.a.wrapping_add(rows * self.st.a_rs),
-            epilogue: self.epilogue.map(|e| match e {
-                Epilogue::SoftmaxGrad { p, delta } => Epilogue::SoftmaxGrad {
-                    p: p.wrapping_add(rows * self.st.c_rs),
-                    delta: delta.wrapping_add(rows),
-                },
+            grad: self.grad.map(|g| GradRows {
+                p: g.p.wrapping_add(rows * self.st.c_rs),
+                delta: g.delta.wrapping_add(rows),
             }),
             ..self
         }

@@ -9,15 +9,15 @@
 //! it on the store. Fused, the whole backward ran 1.012–1.015× (full) and 1.018–1.019×
 //! (causal) as fast (median of 21 interleaved rounds, two runs each).
 //!
-//! The epilogue is compiled into kernels of its own (the kernels' `E`). With a run-time choice
-//! in every kernel's store instead (this epilogue and an exponential one, `P = 2^(S − lse)`,
-//! side by side), the plain kernels kept the epilogues' constants in registers and the forward
-//! ran at less than half its rate. The exponential epilogue, compiled apart or run out of line
-//! on each block's rows, gained nothing over the backward's separate exp pass (causal
+//! The epilogue is compiled into kernels of its own (the kernels' `GRAD`). With a run-time
+//! choice in every kernel's store instead (this epilogue and an exponential one, `P = 2^(S −
+//! lse)`, side by side), the plain kernels kept the epilogues' constants in registers and the
+//! forward ran at less than half its rate. The exponential epilogue, compiled apart or run out
+//! of line on each block's rows, gained nothing over the backward's separate exp pass (causal
 //! 0.837–1.017×, full 0.807–1.016×) and was dropped.
 
 #[cfg(target_arch = "x86_64")]
-use super::{Block, Epilogue, check_ab};
+use super::{Block, GradRows, check_ab};
 use super::{PANEL, PairOffsets, PanelStrides, check_c, product};
 use crate::cpu::matmul::Write;
 use crate::cpu::simd::{Simd, cpu_simd};
@@ -71,12 +71,12 @@ pub(super) fn grad<const W: usize>(
     #[cfg(target_arch = "x86_64")]
     if simd == Simd::Avx512 && k > 0 && st.a_rs != 1 {
         check_ab::<W>(a.len(), b.len(), rows, k, st, pair);
-        let epilogue = Epilogue::SoftmaxGrad {
+        let grad = GradRows {
             p: p.as_ptr(),
             delta: delta.as_ptr(),
         };
         let block = Block {
-            epilogue: Some(epilogue),
+            grad: Some(grad),
             ..Block::new(c.as_mut_ptr(), a.as_ptr(), b.as_ptr(), k, st, pair)
         };
         let mut col_max = [[f32::NEG_INFINITY; PANEL]; W];
