@@ -45,8 +45,10 @@ const TABLE: [f32; 32] = [
 /// `2^f` on `[−1/64, 1/64]`, lowest degree first (minimax of the relative error, 5.4e-8 with
 /// these f32 coefficients, before rounding).
 const POLY: [f32; 3] = [1.0, 0.693_157_3, 0.240_224_75];
-/// Inputs below this give 0 (`2^−150` rounds to 0), −∞ included.
-const FLUSH: f32 = -150.0;
+/// Inputs below this give 0, −∞ included: `2^x` is then below the smallest normal float, and
+/// computing it would take a microcode assist on Intel cores for every vector that holds such
+/// a lane (as the masked scores of a causal block all do).
+const FLUSH: f32 = -126.0;
 /// `1.5 · 2^18`: the spacing of floats in `[2^18, 2^19)` is 1/32, so adding it to `x` (below
 /// 2^17 in magnitude) rounds `x` to the nearest multiple of 1/32 and leaves that multiple
 /// times 32 in the low mantissa bits.
@@ -63,6 +65,7 @@ const THIRTY_SECONDS: f32 = 393_216.0;
 #[inline]
 #[target_feature(enable = "avx512f")]
 pub(in crate::cpu) fn exp2_ps<const CAP_ABOVE: bool>(x: __m512) -> __m512 {
+    let keep = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(FLUSH));
     let mut x = _mm512_max_ps(x, _mm512_set1_ps(FLUSH));
     if CAP_ABOVE {
         x = _mm512_min_ps(x, _mm512_set1_ps(EXP2_MAX));
@@ -80,7 +83,7 @@ pub(in crate::cpu) fn exp2_ps<const CAP_ABOVE: bool>(x: __m512) -> __m512 {
         )
     };
     let y = _mm512_mul_ps(p, _mm512_permutex2var_ps(lo, _mm512_castps_si512(t), hi));
-    _mm512_scalef_ps(y, r)
+    _mm512_maskz_scalef_ps(keep, y, r)
 }
 
 /// `2^x` on 16 lanes by the other levels' degree-6 polynomial (see the module doc of
