@@ -124,8 +124,7 @@ pub(crate) fn vendor() -> Vendor {
     *VENDOR.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            // SAFETY: leaf 0 of `cpuid` exists on every x86-64 CPU.
-            let id = unsafe { std::arch::x86_64::__cpuid(0) };
+            let id = std::arch::x86_64::__cpuid(0);
             let name: Vec<u8> = [id.ebx, id.edx, id.ecx]
                 .iter()
                 .flat_map(|r| r.to_le_bytes())
