@@ -1,4 +1,5 @@
-//! Tile sizes of the CPU forward, as a pure function of the head dimensions.
+//! Tile sizes of the CPU forward, as a pure function of the head dimensions, the operands'
+//! strides and the CPU's vendor.
 
 use std::sync::OnceLock;
 
@@ -158,26 +159,29 @@ mod tests {
     /// Plenty of query rows per thread.
     const MANY: usize = 1 << 20;
 
+    /// [`forward_tiles`] on AMD cores.
+    fn tiles(
+        d: usize,
+        dv: usize,
+        keys: (usize, usize),
+        rows: ([usize; 2], bool),
+        per_thread: usize,
+    ) -> ForwardTiles {
+        forward_tiles(d, dv, keys, rows, per_thread, Vendor::Other)
+    }
+
     #[test]
     fn tiles_shrink_with_the_head_dim() {
         assert_eq!(
-            forward_tiles(64, 64, (1024, 1024), ([512; 2], true), MANY, Vendor::Other).block_k,
+            tiles(64, 64, (1024, 1024), ([512; 2], true), MANY).block_k,
             512
         );
         assert_eq!(
-            forward_tiles(
-                512,
-                512,
-                (1024, 1024),
-                ([512; 2], true),
-                MANY,
-                Vendor::Other
-            )
-            .block_k,
+            tiles(512, 512, (1024, 1024), ([512; 2], true), MANY).block_k,
             256
         );
         for d in [1, 8, 80, 96, 512] {
-            let t = forward_tiles(d, d, (1024, 1024), ([d; 2], true), MANY, Vendor::Other);
+            let t = tiles(d, d, (1024, 1024), ([d; 2], true), MANY);
             assert!(t.block_k * (2 * d) * 4 <= L2_BYTES, "d = {d}");
         }
     }
@@ -185,30 +189,16 @@ mod tests {
     #[test]
     fn long_heads_take_bigger_query_blocks_and_pack_interleaved_rows() {
         // [B, N, H, D] with H = 8, D = 64: rows 512 apart.
-        let short = forward_tiles(64, 64, (1024, 1024), ([512; 2], true), MANY, Vendor::Other);
+        let short = tiles(64, 64, (1024, 1024), ([512; 2], true), MANY);
         assert_eq!((short.block_q, short.pack_kv), (128, false));
-        let long = forward_tiles(
-            64,
-            64,
-            (16384, 16384),
-            ([512; 2], true),
-            MANY,
-            Vendor::Other,
-        );
+        let long = tiles(64, 64, (16384, 16384), ([512; 2], true), MANY);
         assert_eq!((long.block_q, long.pack_kv), (512, true));
         // [B, H, N, D]: rows already packed.
-        let packed = forward_tiles(64, 64, (16384, 16384), ([64; 2], true), MANY, Vendor::Other);
+        let packed = tiles(64, 64, (16384, 16384), ([64; 2], true), MANY);
         assert_eq!((packed.block_q, packed.pack_kv), (512, false));
         // A window of 256 keys on a long head: what a task sees fits, but the head is too
         // long to keep.
-        let window = forward_tiles(
-            64,
-            64,
-            (16384, 256 + 512 + 1),
-            ([512; 2], true),
-            MANY,
-            Vendor::Other,
-        );
+        let window = tiles(64, 64, (16384, 256 + 512 + 1), ([512; 2], true), MANY);
         assert_eq!(
             (window.block_q, window.pack_kv, window.keep_kv),
             (128, false, false)
@@ -227,23 +217,16 @@ mod tests {
     fn rows_aliasing_in_l1_are_packed_by_bigger_tasks_unless_threads_would_idle() {
         // H = 32, D = 64: rows 8 KiB apart; and V alone aliasing.
         for strides in [[2048, 2048], [512, 1024]] {
-            let t = forward_tiles(64, 64, (1024, 1024), (strides, true), MANY, Vendor::Other);
+            let t = tiles(64, 64, (1024, 1024), (strides, true), MANY);
             assert_eq!((t.block_q, t.pack_kv), (512, true), "{strides:?}");
         }
         // Fewer than four 512-query tasks a thread: 128-query tasks, still packed.
-        let few = forward_tiles(64, 64, (1024, 1024), ([2048; 2], true), 1024, Vendor::Other);
+        let few = tiles(64, 64, (1024, 1024), ([2048; 2], true), 1024);
         assert_eq!((few.block_q, few.pack_kv), (128, true));
-        let long_few = forward_tiles(
-            64,
-            64,
-            (16384, 16384),
-            ([512; 2], true),
-            1024,
-            Vendor::Other,
-        );
+        let long_few = tiles(64, 64, (16384, 16384), ([512; 2], true), 1024);
         assert_eq!((long_few.block_q, long_few.pack_kv), (128, true));
         // f16/bf16: converted per block anyway, so bigger tasks (not "packed": converted).
-        let half = forward_tiles(64, 64, (1024, 1024), ([512; 2], false), MANY, Vendor::Other);
+        let half = tiles(64, 64, (1024, 1024), ([512; 2], false), MANY);
         assert_eq!((half.block_q, half.pack_kv), (512, false));
     }
 }

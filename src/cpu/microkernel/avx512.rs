@@ -257,9 +257,9 @@ unsafe fn block_exp<const R: usize, const W: usize>(
 }
 
 /// `p`, which the optimizer can no longer tell equal to `p` (nor derive from another pointer:
-/// see [`block_rows`]). Two panels' loads of the same A
-/// value through different pointers are then not merged into one `vbroadcastss` feeding two
-/// FMAs; each stays a broadcast memory operand of its FMA (`vfmadd231ps zmm, zmm, m32{1to16}`).
+/// see [`block_rows`]). Two panels' loads of the same A value through different pointers are
+/// then not merged into one `vbroadcastss` feeding two FMAs; each stays a broadcast memory
+/// operand of its FMA (`vfmadd231ps zmm, zmm, m32{1to16}`).
 ///
 /// That pays in [`block_exp`] only, whose exponentials keep the vector pipes beside the FMA
 /// ones busy, where a separate `vbroadcastss zmm` also costs about half a cycle (Zen 4, 2-core
@@ -316,16 +316,16 @@ unsafe fn block_rows<const R: usize, const G: usize, const W: usize, const GRAD:
         }
         let mut bl = x.b;
         // The next block's rows of A (K rows in `Sᵀ = K·Qᵀ`) fetched into L1, one line a step:
-        // row `l % R`, line `l / R`, by a run of R steps per line (computed per step, the
-        // division and the branches took more than the FMAs' spare issue slots on a core with
-        // two FMA pipes: cache-hot 512×64 by 64×32 product, one thread of a Xeon with AVX-512,
-        // 189 → 210 GFLOP/s of a 244 peak, with rows 2 KiB apart 184 → 201; 2026-11-25). On
-        // top of `fetch_step` in the columns' kernels (f32, B=1,
+        // row `l % R`, line `l / R`. On top of `fetch_step` in the columns' kernels (f32, B=1,
         // H=8, D=64, N=1024, 2 threads, against no prefetch at all, two runs of 50 and 80
         // interleaved rounds): full 1.039 against 1.030 without it, causal 1.038 and 1.023
         // against 1.026 and 1.022 (Zen 4 VM, 2026-11-24).
+        //
+        // The steps go in runs of R, one line of the R rows a run: computed per step, the
+        // division, remainder and branches took more than the issue slots that two FMA pipes
+        // leave (cache-hot 512×64 by 64×32 product on one thread of a Xeon with AVX-512, 244
+        // GFLOP/s peak: 189 → 210 GFLOP/s, rows 2 KiB apart 184 → 201; 2026-11-25).
         let next = x.a.wrapping_add(R * x.st.a_rs);
-        // Step `l` of each run of R fetches line `l / R` of row `l % R`.
         let mut l0 = 0;
         while l0 < x.k {
             let steps = R.min(x.k - l0);
