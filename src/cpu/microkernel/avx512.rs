@@ -33,7 +33,7 @@ macro_rules! kernels {
 }
 
 /// Writes (or adds) a block's accumulators `acc` (`R × W`) to C and folds them into each
-/// panel's lane maxima. A macro, not a function: a call would put the accumulators in memory.
+/// panel's lane maxima (left as they were by the gradient's store). A macro, not a function: a call would put the accumulators in memory.
 /// Expanded only inside `unsafe` blocks of AVX-512F functions whose C rows are writable.
 macro_rules! store {
     ($x:expr, $acc:expr, $col_max:expr, $grad:expr) => {{
@@ -56,7 +56,10 @@ macro_rules! store {
                     acc[w]
                 };
                 _mm512_storeu_ps(cr, v);
-                max = _mm512_max_ps(max, v);
+                // The gradient's callers want no maxima.
+                if !$grad {
+                    max = _mm512_max_ps(max, v);
+                }
             }
             _mm512_storeu_ps(col_max.as_mut_ptr(), max);
         }
