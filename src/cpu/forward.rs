@@ -45,7 +45,7 @@ use super::pieces::{contains, merged, pieces};
 use super::prefetch::prefetch_rows;
 use super::schedule::for_each_in_runs;
 use super::score_mods::{ScoreMods, apply_mask, apply_score_mods};
-use super::tile_config::{ForwardTiles, MAX_BLOCK_Q, forward_tiles, vendor};
+use super::tile_config::{ForwardTiles, MAX_BLOCK_Q, forward_tiles, l2_bytes, vendor};
 use super::transpose::transpose_scaled;
 use super::{SharedOut, call_number, with_thread_scratch};
 use crate::mask::Mask;
@@ -121,7 +121,7 @@ pub(crate) fn run<T: CpuElement>(
         (p.max_nk, span),
         ([p.k.row, p.v.row], T::as_f32_slice(x.k).is_some()),
         rows / rayon::current_num_threads(),
-        vendor(),
+        (vendor(), l2_bytes()),
     );
     let mut tasks: Vec<Task> = (0..p.batch)
         .flat_map(|b| {

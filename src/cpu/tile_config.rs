@@ -22,9 +22,9 @@ pub(crate) struct ForwardTiles {
 /// The most queries a forward task takes.
 pub(crate) const MAX_BLOCK_Q: usize = 512;
 
-/// The per-core L2 size the tiles are chosen for (1 MiB on the Zen 5 machines measured; larger
-/// on most server CPUs, where the split below only moves to longer sequences).
-const L2_BYTES: usize = 1 << 20;
+/// The per-core L2 size assumed where the CPU does not report one (1 MiB, the Zen 4 and Zen 5
+/// machines' L2, on which the rules below were first measured).
+const DEFAULT_L2_BYTES: usize = 1 << 20;
 
 /// The most bytes of one head's converted or packed K and V rows a thread keeps for its next
 /// task on that head. Packed per task instead, every 512-query task of a head copied all its
@@ -35,11 +35,12 @@ const KEPT_HEAD_BYTES: usize = 2 << 20;
 
 /// Tiles for head dims `d` (Q, K) and `dv` (V), at most `nk` keys per sequence of which one
 /// task's queries see at most `span` (a bounded window's width and a task, else `nk`), K and V
-/// rows `kv_strides` elements apart and f32 or not (`f32_inputs`), and `rows_per_thread` query
-/// rows (over all heads and sequences) per rayon thread.
+/// rows `kv_strides` elements apart and f32 or not (`f32_inputs`), `rows_per_thread` query
+/// rows (over all heads and sequences) per rayon thread, and a per-core L2 of `l2` bytes
+/// ([`l2_bytes`]).
 ///
 /// The key block takes 512 keys, or fewer where its rows of K and V (`block_k · (d + dv) · 4`
-/// bytes, read in place or converted once) would pass 1 MiB, the L2 of a core that each of the
+/// bytes, read in place or converted once) would pass the L2 of a core, which each of the
 /// task's panel pairs passes over it from. Every block costs each panel an online-softmax step
 /// and each pair its setup, so longer blocks are cheaper as long as they stay in L2. Measured on
 /// the 2-core Zen 4 VM (2026-11-24, f32, B=1, H=8, N=1024, `[B, N, H, D]` unless noted; median
@@ -51,7 +52,7 @@ const KEPT_HEAD_BYTES: usize = 2 << 20;
 /// 1.038 / 1.040); D=512 32→256 1.057 / 1.081 (128: 1.059 / 1.070).
 ///
 /// Tasks take 128 queries and read f32 K and V in place when the keys and values a task sees
-/// (a head's, or a sliding window's) fit in L2 and their rows do not alias in L1: a head's
+/// (a head's, or a sliding window's) take less than the L2 and their rows do not alias in L1: a head's
 /// rows stay in L2 (and its pages in the TLB) from one task to the next. Otherwise every task
 /// streams its head's K and V through the caches again, or its in-place rows keep evicting
 /// each other from L1, so tasks take 512 queries (four times fewer streams), and copy each key
@@ -85,19 +86,27 @@ const KEPT_HEAD_BYTES: usize = 2 << 20;
 /// GFLOP/s over two runs each, in place → copied: full 309–323 → 346–358, causal 271–279 →
 /// 285–294; at N=4096 (copied already, by the rule above) alike. The cores' FMAs take half the
 /// time of Zen 4's per vector, and the strided rows' misses no longer hide behind them.
+///
+/// The L2 is the core's own, not a constant: on a 2-core Zen 1 VM (AMD EPYC family 23 model 1,
+/// 512 KiB L2 a core, AVX2 on 128-bit units; 2026-11-28), f32, B=1, H=8, D=64, N=1024, a
+/// head's K and V (512 KiB) fill the whole L2, and the tiles chosen for a 1 MiB L2 (128-query
+/// tasks reading K and V in place) ran at 74.7–75.1% of the GEMM rate full and 73.0–73.2%
+/// causal, the tiles for its own L2 (512-query tasks copying each key block) at 87.3–87.7% and
+/// 82.6–82.8% (three interleaved runs of `flashattn bench --gemm --rounds 5`, sgemm 73–74
+/// GFLOP/s).
 pub(crate) fn forward_tiles(
     d: usize,
     dv: usize,
     (nk, span): (usize, usize),
     (kv_strides, f32_inputs): ([usize; 2], bool),
     rows_per_thread: usize,
-    vendor: Vendor,
+    (vendor, l2): (Vendor, usize),
 ) -> ForwardTiles {
-    let key_floats = L2_BYTES / size_of::<f32>();
+    let key_floats = l2 / size_of::<f32>();
     let block_k = (key_floats / (d + dv)).clamp(32, 512);
     let bytes = |keys: usize| keys.saturating_mul(d + dv).saturating_mul(size_of::<f32>());
     let head_bytes = bytes(nk);
-    let long = bytes(span.min(nk)) > L2_BYTES;
+    let long = bytes(span.min(nk)) >= l2;
     let aliases = kv_strides.iter().any(|&s| aliases_in_l1(s));
     let strided = kv_strides.iter().any(|&s| s > d.max(dv));
     // f16/bf16 key rows are converted to f32 by every task, or by every thread for heads it
@@ -138,6 +147,25 @@ pub(crate) fn vendor() -> Vendor {
     })
 }
 
+/// The L2 cache of one core, in bytes: `cpuid` leaf 0x8000_0006 (which AMD and Intel cores
+/// both answer), else [`DEFAULT_L2_BYTES`].
+pub(crate) fn l2_bytes() -> usize {
+    static L2: OnceLock<usize> = OnceLock::new();
+    *L2.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::__cpuid;
+            if __cpuid(0x8000_0000).eax >= 0x8000_0006 {
+                let kib = (__cpuid(0x8000_0006).ecx >> 16) as usize;
+                if kib > 0 {
+                    return kib << 10;
+                }
+            }
+        }
+        DEFAULT_L2_BYTES
+    })
+}
+
 /// True when rows `stride` f32 apart all fall into the same few sets of the L1 data cache (64
 /// sets of 64 bytes: a 4 KiB period), so a key block read in place keeps evicting itself.
 ///
@@ -159,6 +187,9 @@ mod tests {
     /// Plenty of query rows per thread.
     const MANY: usize = 1 << 20;
 
+    /// The L2 the rules were first measured with.
+    const L2: usize = DEFAULT_L2_BYTES;
+
     /// [`forward_tiles`] on AMD cores.
     fn tiles(
         d: usize,
@@ -167,7 +198,7 @@ mod tests {
         rows: ([usize; 2], bool),
         per_thread: usize,
     ) -> ForwardTiles {
-        forward_tiles(d, dv, keys, rows, per_thread, Vendor::Other)
+        forward_tiles(d, dv, keys, rows, per_thread, (Vendor::Other, L2))
     }
 
     #[test]
@@ -182,7 +213,7 @@ mod tests {
         );
         for d in [1, 8, 80, 96, 512] {
             let t = tiles(d, d, (1024, 1024), ([d; 2], true), MANY);
-            assert!(t.block_k * (2 * d) * 4 <= L2_BYTES, "d = {d}");
+            assert!(t.block_k * (2 * d) * 4 <= L2, "d = {d}");
         }
     }
 
@@ -206,10 +237,40 @@ mod tests {
     }
 
     #[test]
+    fn a_head_that_fills_a_smaller_l2_is_long() {
+        // K and V of 1024 keys at D = 64: 512 KiB, the whole L2 of a Zen 1 core.
+        let small = (Vendor::Other, 512 << 10);
+        let t = forward_tiles(64, 64, (1024, 1024), ([512; 2], true), MANY, small);
+        assert_eq!((t.block_q, t.block_k, t.pack_kv), (512, 512, true));
+        let short = forward_tiles(64, 64, (512, 512), ([512; 2], true), MANY, small);
+        assert_eq!((short.block_q, short.pack_kv), (128, false));
+    }
+
+    #[test]
+    fn the_l2_is_read_from_the_cpu() {
+        let l2 = l2_bytes();
+        assert!((64 << 10..=1 << 30).contains(&l2), "{l2}");
+    }
+
+    #[test]
     fn intel_cores_pack_strided_rows_of_short_heads_too() {
-        let strided = forward_tiles(64, 64, (1024, 1024), ([512; 2], true), MANY, Vendor::Intel);
+        let strided = forward_tiles(
+            64,
+            64,
+            (1024, 1024),
+            ([512; 2], true),
+            MANY,
+            (Vendor::Intel, L2),
+        );
         assert_eq!((strided.block_q, strided.pack_kv), (128, true));
-        let packed = forward_tiles(64, 64, (1024, 1024), ([64; 2], true), MANY, Vendor::Intel);
+        let packed = forward_tiles(
+            64,
+            64,
+            (1024, 1024),
+            ([64; 2], true),
+            MANY,
+            (Vendor::Intel, L2),
+        );
         assert!(!packed.pack_kv);
     }
 
