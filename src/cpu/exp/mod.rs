@@ -4,18 +4,19 @@
 //! Attention works in base 2: scores are multiplied by `scale · log2(e)` once, so that
 //! `exp(s − m) = 2^(s·log2e − m·log2e)` costs one `exp2` per element and no extra multiply.
 //!
-//! `2^x = 2^n · 2^f` with `n = round(x)` and `f ∈ [−½, ½]`; `2^f` is a degree-6 polynomial
-//! (Chebyshev fit, relative error 1.8e-8 before f32 rounding, so within ~2 ulp overall). A
-//! degree-5 fit (1.7e-7) measured 10% faster per vector, about 1% of the forward, but raised the
-//! forward's worst f32 errors by about 20%; accuracy was kept. Inputs below −127 give 0 (−∞
-//! included, so masked scores vanish); inputs above +127 are clamped.
+//! The portable path computes `2^x = 2^n · 2^f` with `n = round(x)` and `f ∈ [−½, ½]`; `2^f` is
+//! a degree-6 polynomial (Chebyshev fit, relative error 1.8e-8 before f32 rounding, so within
+//! ~2 ulp overall). A degree-5 fit (1.7e-7) measured 10% faster per vector, about 1% of the
+//! forward, but raised the forward's worst f32 errors by about 20%; accuracy was kept. Inputs
+//! below −127 give 0 (−∞ included, so masked scores vanish); inputs above +127 are clamped.
 //!
 //! AVX-512 has a cheaper route to nearly the same accuracy (see `avx512`): a table of
 //! `2^(k/32)` in two registers, a quadratic on `[−1/64, 1/64]` and `vscalefps`, so that only
 //! three of its instructions use the FMA pipes. The forward runs it inside the `Vᵀ·Pᵀ` product
 //! (`microkernel::softmax_product`), where its share of a 1-thread forward (N=1024, D=64) is
 //! about 4% of the samples, down from 6.6% for a separate pass of the earlier 16-entry table
-//! and cubic (2026-11-23). Worst relative error over the whole range 2.1e-7 (AVX2: 7.4e-8).
+//! and cubic (2026-11-23). Worst relative error over the whole range 2.1e-7. AVX2 takes a
+//! table too (see `avx2`): 8 entries in one register and a cubic, worst relative error 1.6e-7.
 //! Inputs below −126 give 0 rather than a subnormal: on Intel cores a subnormal result costs a
 //! microcode assist, which the masked scores of every causal block paid (f32, B=1, H=8, D=64,
 //! N=1024, 2 threads, Xeon with AVX-512 (2026-11-25): causal forward 301 → 325 GFLOP/s,
@@ -42,7 +43,7 @@ const EXP2_MAX: f32 = 127.0;
 /// `round(x) + 127` above `1.5 · 2^23`, i.e. `round(x) + 127` in its low mantissa bits.
 const ROUNDER: f32 = 12_582_912.0 + 127.0;
 
-/// `2^x` by the same polynomial and rounding as the vector kernels (for single values and tails).
+/// `2^x` by the portable path's polynomial (for single values, and the vector kernels' tails).
 #[inline(always)]
 pub(crate) fn exp2(x: f32) -> f32 {
     let x = x.clamp(EXP2_MIN, EXP2_MAX);
