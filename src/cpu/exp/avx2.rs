@@ -40,8 +40,9 @@ const EIGHTHS: f32 = 1_572_864.0;
 /// pipes where the portable path's degree-6 polynomial on `[−½, ½]` takes seven, and its
 /// dependency chain is shorter: on a 2-core Zen 1 VM (AVX2 on 128-bit units, 2026-11-28), where
 /// the exponentials' pass was bound by that chain, a 256×16 panel in L1 took 6.8 ns a vector
-/// with the degree-6 polynomial, 5.3–5.4 with the table and cubic, 5.1 with two rows a step
-/// (an even-odd evaluation of the cubic, 5.6, was slower). Forward f32, B=1, H=8, D=64,
+/// with the degree-6 polynomial, 5.3–5.4 with the table and cubic (an even-odd evaluation of
+/// the cubic, 5.6, was slower), and less with more rows a step (see [`exp2_shifted_panel`]).
+/// Two rows a step, forward f32, B=1, H=8, D=64,
 /// N=1024, 2 threads, three interleaved runs, GFLOP/s before → after: full 63.4–64.9 →
 /// 65.1–66.3, causal 57.7–61.0 → 61.2–62.7; backward full 65.7–66.9 → 66.8–68.8, causal
 /// 61.8–63.5 → 62.5–64.8. Worst relative error over the whole range 1.6e-7 (the degree-6
@@ -77,72 +78,92 @@ pub(in crate::cpu) fn exp2_poly_ps(x: __m256) -> __m256 {
     exp2_ps::<true>(x)
 }
 
-/// See [`super::exp2_shifted_panel`].
+/// See [`super::exp2_shifted_panel`]. Four rows a step: eight independent exponentials in
+/// flight hide more of each one's dependency chain (a 256×16 panel in L1 on a Zen 1 core, ns a
+/// vector: one row a step 5.3–5.4, two 5.1, four 4.8–4.9 where two measured 5.7 in the same
+/// minutes, eight 5.6–5.8; each step's vectors added into the sums one by one rather than in
+/// pairs, 6.3). The forward and backward at N=1024 (f32, B=1, H=8, D=64, three interleaved
+/// runs against two rows a step) moved within the noise: forward full 64.3–65.6 → 65.5–66.2
+/// GFLOP/s, the rest ±2.
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; LANES] {
     // SAFETY: `shift` holds 16 f32, read as two unaligned 8-lane vectors.
-    let (s0, s1) = unsafe {
-        (
+    let shift = unsafe {
+        [
             _mm256_loadu_ps(shift.as_ptr()),
             _mm256_loadu_ps(shift.as_ptr().add(8)),
-        )
+        ]
     };
-    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut pairs = x.chunks_exact_mut(2 * LANES);
-    for pair in &mut pairs {
-        let ptr = pair.as_mut_ptr();
-        // SAFETY: `pair` holds exactly 32 f32, read and written as four unaligned vectors.
-        unsafe {
-            let a = exp2_ps::<false>(_mm256_sub_ps(_mm256_loadu_ps(ptr), s0));
-            let b = exp2_ps::<false>(_mm256_sub_ps(_mm256_loadu_ps(ptr.add(8)), s1));
-            let c = exp2_ps::<false>(_mm256_sub_ps(_mm256_loadu_ps(ptr.add(16)), s0));
-            let d = exp2_ps::<false>(_mm256_sub_ps(_mm256_loadu_ps(ptr.add(24)), s1));
-            _mm256_storeu_ps(ptr, a);
-            _mm256_storeu_ps(ptr.add(8), b);
-            _mm256_storeu_ps(ptr.add(16), c);
-            _mm256_storeu_ps(ptr.add(24), d);
-            acc0 = _mm256_add_ps(acc0, _mm256_add_ps(a, c));
-            acc1 = _mm256_add_ps(acc1, _mm256_add_ps(b, d));
-        }
+    let mut sums = [_mm256_setzero_ps(); 2];
+    let mut steps = x.chunks_exact_mut(4 * LANES);
+    for step in &mut steps {
+        let e = shifted_vectors::<8, false>(step, shift);
+        sums[0] = _mm256_add_ps(
+            sums[0],
+            _mm256_add_ps(_mm256_add_ps(e[0], e[2]), _mm256_add_ps(e[4], e[6])),
+        );
+        sums[1] = _mm256_add_ps(
+            sums[1],
+            _mm256_add_ps(_mm256_add_ps(e[1], e[3]), _mm256_add_ps(e[5], e[7])),
+        );
     }
-    for row in pairs.into_remainder().chunks_exact_mut(LANES) {
-        let ptr = row.as_mut_ptr();
-        // SAFETY: `row` holds exactly 16 f32, read and written as two unaligned vectors.
-        unsafe {
-            let a = exp2_ps::<false>(_mm256_sub_ps(_mm256_loadu_ps(ptr), s0));
-            let b = exp2_ps::<false>(_mm256_sub_ps(_mm256_loadu_ps(ptr.add(8)), s1));
-            _mm256_storeu_ps(ptr, a);
-            _mm256_storeu_ps(ptr.add(8), b);
-            acc0 = _mm256_add_ps(acc0, a);
-            acc1 = _mm256_add_ps(acc1, b);
-        }
+    for row in steps.into_remainder().chunks_exact_mut(LANES) {
+        let [a, b] = shifted_vectors::<2, false>(row, shift);
+        sums = [_mm256_add_ps(sums[0], a), _mm256_add_ps(sums[1], b)];
     }
-    let mut sums = [0f32; LANES];
-    // SAFETY: `sums` holds 16 f32.
+    let mut out = [0f32; LANES];
+    // SAFETY: `out` holds 16 f32.
     unsafe {
-        _mm256_storeu_ps(sums.as_mut_ptr(), acc0);
-        _mm256_storeu_ps(sums.as_mut_ptr().add(8), acc1);
+        _mm256_storeu_ps(out.as_mut_ptr(), sums[0]);
+        _mm256_storeu_ps(out.as_mut_ptr().add(8), sums[1]);
     }
-    sums
+    out
+}
+
+/// The `V` vectors of `x` (rows of a panel, so even vectors are lanes 0–7 and odd ones 8–15)
+/// replaced by `2^(x − shift)` (clamped above as [`exp2_ps`] says); returns them.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn shifted_vectors<const V: usize, const CAP_ABOVE: bool>(
+    x: &mut [f32],
+    shift: [__m256; 2],
+) -> [__m256; V] {
+    assert_eq!(x.len(), 8 * V);
+    let ptr = x.as_mut_ptr();
+    // SAFETY: `x` holds exactly V vectors of 8 f32, read and written unaligned.
+    unsafe {
+        let e: [__m256; V] = std::array::from_fn(|i| {
+            exp2_ps::<CAP_ABOVE>(_mm256_sub_ps(_mm256_loadu_ps(ptr.add(8 * i)), shift[i % 2]))
+        });
+        for (i, &v) in e.iter().enumerate() {
+            _mm256_storeu_ps(ptr.add(8 * i), v);
+        }
+        e
+    }
 }
 
 /// See [`super::exp2_shifted_sum`].
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn exp2_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
-    let s = _mm256_set1_ps(shift);
+    let s = [_mm256_set1_ps(shift); 2];
     let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut chunks = x.chunks_exact_mut(16);
+    let mut steps = x.chunks_exact_mut(64);
+    for step in &mut steps {
+        let e = shifted_vectors::<8, true>(step, s);
+        acc0 = _mm256_add_ps(
+            acc0,
+            _mm256_add_ps(_mm256_add_ps(e[0], e[2]), _mm256_add_ps(e[4], e[6])),
+        );
+        acc1 = _mm256_add_ps(
+            acc1,
+            _mm256_add_ps(_mm256_add_ps(e[1], e[3]), _mm256_add_ps(e[5], e[7])),
+        );
+    }
+    let mut chunks = steps.into_remainder().chunks_exact_mut(16);
     for chunk in &mut chunks {
-        let ptr = chunk.as_mut_ptr();
-        // SAFETY: `chunk` holds exactly 16 f32, read and written as two unaligned 8-lane vectors.
-        unsafe {
-            let a = exp2_ps::<true>(_mm256_sub_ps(_mm256_loadu_ps(ptr), s));
-            let b = exp2_ps::<true>(_mm256_sub_ps(_mm256_loadu_ps(ptr.add(8)), s));
-            _mm256_storeu_ps(ptr, a);
-            _mm256_storeu_ps(ptr.add(8), b);
-            acc0 = _mm256_add_ps(acc0, a);
-            acc1 = _mm256_add_ps(acc1, b);
-        }
+        let [a, b] = shifted_vectors::<2, true>(chunk, s);
+        acc0 = _mm256_add_ps(acc0, a);
+        acc1 = _mm256_add_ps(acc1, b);
     }
     let mut lanes = [0f32; 8];
     // SAFETY: `lanes` holds 8 f32.
