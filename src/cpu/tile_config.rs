@@ -254,24 +254,13 @@ mod tests {
 
     #[test]
     fn intel_cores_pack_strided_rows_of_short_heads_too() {
-        let strided = forward_tiles(
-            64,
-            64,
-            (1024, 1024),
-            ([512; 2], true),
-            MANY,
-            (Vendor::Intel, L2),
-        );
+        let intel = |strides| {
+            let rows = (strides, true);
+            forward_tiles(64, 64, (1024, 1024), rows, MANY, (Vendor::Intel, L2))
+        };
+        let strided = intel([512; 2]);
         assert_eq!((strided.block_q, strided.pack_kv), (128, true));
-        let packed = forward_tiles(
-            64,
-            64,
-            (1024, 1024),
-            ([64; 2], true),
-            MANY,
-            (Vendor::Intel, L2),
-        );
-        assert!(!packed.pack_kv);
+        assert!(!intel([64; 2]).pack_kv);
     }
 
     #[test]
