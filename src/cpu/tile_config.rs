@@ -52,8 +52,8 @@ const KEPT_HEAD_BYTES: usize = 2 << 20;
 /// 1.038 / 1.040); D=512 32→256 1.057 / 1.081 (128: 1.059 / 1.070).
 ///
 /// Tasks take 128 queries and read f32 K and V in place when the keys and values a task sees
-/// (a head's, or a sliding window's) take less than the L2 and their rows do not alias in L1: a head's
-/// rows stay in L2 (and its pages in the TLB) from one task to the next. Otherwise every task
+/// (a head's, or a sliding window's) take less than the L2 and their rows do not alias in L1:
+/// a head's rows stay in L2 (and its pages in the TLB) from one task to the next. Otherwise every task
 /// streams its head's K and V through the caches again, or its in-place rows keep evicting
 /// each other from L1, so tasks take 512 queries (four times fewer streams), and copy each key
 /// block into packed rows once for all their panels when the rows are not packed already or

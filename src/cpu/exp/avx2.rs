@@ -4,23 +4,22 @@ use std::arch::x86_64::*;
 
 use super::{EXP2_MAX, EXP2_MIN, LANES, exp2};
 
-/// `2^(j/8)` for `j` in 0..8, each less `j` in the bits that [`exp2_ps`] adds to it (see there).
+/// `2^(j/8)` for `j` in 0..8 (correctly rounded f32 bits), each less `j << 20`, the bits that
+/// [`exp2_ps`] adds to it (see there).
 const EXP2_EIGHTHS: [i32; 8] = {
-    let mut t = [0i32; 8];
+    let mut t = [
+        0x3f80_0000,
+        0x3f8b_95c2,
+        0x3f98_37f0,
+        0x3fa5_fed7,
+        0x3fb5_04f3,
+        0x3fc5_672a,
+        0x3fd7_44fd,
+        0x3fea_c0c7,
+    ];
     let mut j = 0;
     while j < 8 {
-        // 2^(j/8), correctly rounded to f32.
-        let bits = [
-            0x3f80_0000,
-            0x3f8b_95c2,
-            0x3f98_37f0,
-            0x3fa5_fed7,
-            0x3fb5_04f3,
-            0x3fc5_672a,
-            0x3fd7_44fd,
-            0x3fea_c0c7,
-        ][j];
-        t[j] = bits - ((j as i32) << 20);
+        t[j] -= (j as i32) << 20;
         j += 1;
     }
     t
@@ -42,10 +41,9 @@ const EIGHTHS: f32 = 1_572_864.0;
 /// the exponentials' pass was bound by that chain, a 256×16 panel in L1 took 6.8 ns a vector
 /// with the degree-6 polynomial, 5.3–5.4 with the table and cubic (an even-odd evaluation of
 /// the cubic, 5.6, was slower), and less with more rows a step (see [`exp2_shifted_panel`]).
-/// Two rows a step, forward f32, B=1, H=8, D=64,
-/// N=1024, 2 threads, three interleaved runs, GFLOP/s before → after: full 63.4–64.9 →
-/// 65.1–66.3, causal 57.7–61.0 → 61.2–62.7; backward full 65.7–66.9 → 66.8–68.8, causal
-/// 61.8–63.5 → 62.5–64.8. Worst relative error over the whole range 1.6e-7 (the degree-6
+/// Two rows a step, forward f32, B=1, H=8, D=64, N=1024, 2 threads, three interleaved runs,
+/// GFLOP/s before → after: full 63.4–64.9 → 65.1–66.3, causal 57.7–61.0 → 61.2–62.7; backward
+/// full 65.7–66.9 → 66.8–68.8, causal 61.8–63.5 → 62.5–64.8. Worst relative error over the whole range 1.6e-7 (the degree-6
 /// polynomial: 8.0e-8). Inputs below −127 give 0 (−∞ included), results below 2^−126 may be
 /// subnormal or 0; inputs above +127 are clamped. `CAP_ABOVE = false` skips the upper clamp,
 /// for arguments known to be ≤ 0.
@@ -97,19 +95,10 @@ pub(super) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; L
     let mut sums = [_mm256_setzero_ps(); 2];
     let mut steps = x.chunks_exact_mut(4 * LANES);
     for step in &mut steps {
-        let e = shifted_vectors::<8, false>(step, shift);
-        sums[0] = _mm256_add_ps(
-            sums[0],
-            _mm256_add_ps(_mm256_add_ps(e[0], e[2]), _mm256_add_ps(e[4], e[6])),
-        );
-        sums[1] = _mm256_add_ps(
-            sums[1],
-            _mm256_add_ps(_mm256_add_ps(e[1], e[3]), _mm256_add_ps(e[5], e[7])),
-        );
+        add_step(&mut sums, shifted_vectors::<8, false>(step, shift));
     }
     for row in steps.into_remainder().chunks_exact_mut(LANES) {
-        let [a, b] = shifted_vectors::<2, false>(row, shift);
-        sums = [_mm256_add_ps(sums[0], a), _mm256_add_ps(sums[1], b)];
+        add_step(&mut sums, shifted_vectors::<2, false>(row, shift));
     }
     let mut out = [0f32; LANES];
     // SAFETY: `out` holds 16 f32.
@@ -142,32 +131,41 @@ fn shifted_vectors<const V: usize, const CAP_ABOVE: bool>(
     }
 }
 
+/// Adds a step's vectors `e` (2 or 8) to `sums`: the even ones to the first, the odd ones to
+/// the second, in pairs (a shorter chain than one running sum: with eight vectors a step, a
+/// running sum took the panel pass from 5.0 to 6.3 ns a vector).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn add_step<const V: usize>(sums: &mut [__m256; 2], e: [__m256; V]) {
+    for (h, sum) in sums.iter_mut().enumerate() {
+        let step = match V {
+            2 => e[h],
+            8 => _mm256_add_ps(
+                _mm256_add_ps(e[h], e[h + 2]),
+                _mm256_add_ps(e[h + 4], e[h + 6]),
+            ),
+            _ => unreachable!("steps take 2 or 8 vectors"),
+        };
+        *sum = _mm256_add_ps(*sum, step);
+    }
+}
+
 /// See [`super::exp2_shifted_sum`].
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn exp2_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
     let s = [_mm256_set1_ps(shift); 2];
-    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut sums = [_mm256_setzero_ps(); 2];
     let mut steps = x.chunks_exact_mut(64);
     for step in &mut steps {
-        let e = shifted_vectors::<8, true>(step, s);
-        acc0 = _mm256_add_ps(
-            acc0,
-            _mm256_add_ps(_mm256_add_ps(e[0], e[2]), _mm256_add_ps(e[4], e[6])),
-        );
-        acc1 = _mm256_add_ps(
-            acc1,
-            _mm256_add_ps(_mm256_add_ps(e[1], e[3]), _mm256_add_ps(e[5], e[7])),
-        );
+        add_step(&mut sums, shifted_vectors::<8, true>(step, s));
     }
     let mut chunks = steps.into_remainder().chunks_exact_mut(16);
     for chunk in &mut chunks {
-        let [a, b] = shifted_vectors::<2, true>(chunk, s);
-        acc0 = _mm256_add_ps(acc0, a);
-        acc1 = _mm256_add_ps(acc1, b);
+        add_step(&mut sums, shifted_vectors::<2, true>(chunk, s));
     }
     let mut lanes = [0f32; 8];
     // SAFETY: `lanes` holds 8 f32.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(acc0, acc1)) };
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(sums[0], sums[1])) };
     let mut sum: f32 = lanes.iter().sum();
     for v in chunks.into_remainder() {
         *v = exp2(*v - shift);
