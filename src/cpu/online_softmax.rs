@@ -78,7 +78,7 @@ impl PanelSoftmax {
         let mut shift = [0f32; LANES];
         let mut moved = false;
         for l in 0..LANES {
-            let m_new = self.max[l].max(tile_max[l]);
+            let m_new = up_to_eighth(self.max[l].max(tile_max[l]));
             // A lane's first visible key needs no rescale: its sum and accumulator are still 0.
             moved |= m_new > self.max[l] && self.max[l] > f32::NEG_INFINITY;
             self.max[l] = m_new;
@@ -118,9 +118,37 @@ impl PanelSoftmax {
     }
 }
 
+/// `m` rounded up to a multiple of 1/8 (where it is not one already: any `|m| ≥ 2^20` is, and
+/// ±∞ stays). The running maxima are kept on this grid so that the AVX2 exponential can fold
+/// each lane's shift into its rounding (`exp::avx2`); a maximum up to 1/8 above the scores
+/// costs nothing in accuracy (each term is at most 1, the largest at least 2^−1/8).
+fn up_to_eighth(m: f32) -> f32 {
+    let r = (m * 8.0).ceil() * 0.125;
+    if r.is_finite() { r } else { m }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn maxima_round_up_to_eighths() {
+        let cases = [
+            (1.01, 1.125),
+            (-1.01, -1.0),
+            (2.5, 2.5),
+            (0.0, 0.0),
+            (-0.01, 0.0),
+            (1e-30, 0.125),
+            (1_048_576.5, 1_048_576.5),
+            (3.0e38, 3.0e38),
+            (f32::INFINITY, f32::INFINITY),
+            (f32::NEG_INFINITY, f32::NEG_INFINITY),
+        ];
+        for (m, want) in cases {
+            assert_eq!(up_to_eighth(m), want, "{m}");
+        }
+    }
 
     /// Lane 0 sees 40 keys in two tiles, lane 1 none, the others one key.
     #[test]

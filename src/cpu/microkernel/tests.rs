@@ -1,4 +1,5 @@
 use super::*;
+use crate::cpu::exp::shift_rounding;
 
 /// Every level this CPU runs, lowest first.
 fn levels() -> Vec<Simd> {
@@ -221,19 +222,24 @@ fn check_softmax<const W: usize>(rows: usize, k: usize, a_rs: usize, a_cs: usize
             softmax_product::product_exp::<W>(simd, &mut c, &a, &mut b, rows, k, st, pair, &shift);
         for w in 0..W {
             let p = |l: usize, j: usize| {
-                ((scores[w * pair.b + l * PANEL + j] - shift[w][j]) as f64).exp2()
+                (scores[w * pair.b + l * PANEL + j] as f64 - shift[w][j] as f64).exp2()
+            };
+            // Each P's error: the exponential's, and the f32 rounding of its argument.
+            let rel = |l: usize, j: usize| {
+                3e-7 + shift_rounding(scores[w * pair.b + l * PANEL + j], shift[w][j])
             };
             for j in 0..PANEL {
                 let want: f64 = (0..k).map(|l| p(l, j)).sum();
+                let terms: f64 = (0..k).map(|l| rel(l, j) * p(l, j)).sum();
                 let got = sums[w][j] as f64;
                 assert!(
-                    (got - want).abs() <= 1e-6 * want.max(1e-30),
+                    (got - want).abs() <= terms + 1e-6 * want.max(1e-30),
                     "{simd} sum {got} vs {want}"
                 );
                 for l in 0..k {
                     let got = b[w * pair.b + l * PANEL + j] as f64;
                     // Results below 2^-126 may flush to 0 (the exp kernels' contract).
-                    let tol = 3e-7 * p(l, j) + f32::MIN_POSITIVE as f64;
+                    let tol = rel(l, j) * p(l, j) + f32::MIN_POSITIVE as f64;
                     assert!(
                         (got - p(l, j)).abs() <= tol,
                         "{simd} P {got} vs {}",
