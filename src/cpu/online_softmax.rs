@@ -119,12 +119,19 @@ impl PanelSoftmax {
 }
 
 /// `m` rounded up to a multiple of 1/8 (where it is not one already: any `|m| ≥ 2^20` is, and
-/// ±∞ stays). The running maxima are kept on this grid so that the AVX2 exponential can fold
+/// ±∞ and NaN stay). The running maxima are kept on this grid so that the AVX2 exponential can fold
 /// each lane's shift into its rounding (`exp::avx2`); a maximum up to 1/8 above the scores
 /// costs nothing in accuracy (each term is at most 1, the largest at least 2^−1/8).
 fn up_to_eighth(m: f32) -> f32 {
-    let r = (m * 8.0).ceil() * 0.125;
-    if r.is_finite() { r } else { m }
+    // By truncation to an integer rather than `f32::ceil`, which without SSE4.1 (the crate's
+    // baseline) is a call into libm for every lane of every fold.
+    let x = m * 8.0;
+    if x.abs() < 8_388_608.0 {
+        let t = x as i32 as f32;
+        (if t < x { t + 1.0 } else { t }) * 0.125
+    } else {
+        m
+    }
 }
 
 #[cfg(test)]
@@ -140,6 +147,8 @@ mod tests {
             (0.0, 0.0),
             (-0.01, 0.0),
             (1e-30, 0.125),
+            (-3.3, -3.25),
+            (524_287.97, 524_288.0),
             (1_048_576.5, 1_048_576.5),
             (3.0e38, 3.0e38),
             (f32::INFINITY, f32::INFINITY),
@@ -148,6 +157,7 @@ mod tests {
         for (m, want) in cases {
             assert_eq!(up_to_eighth(m), want, "{m}");
         }
+        assert!(up_to_eighth(f32::NAN).is_nan());
     }
 
     /// Lane 0 sees 40 keys in two tiles, lane 1 none, the others one key.
