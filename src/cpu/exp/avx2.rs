@@ -168,28 +168,29 @@ pub(super) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; L
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn panel_pass<const FOLD: bool>(x: &mut [f32], shift: [__m256; 2]) -> [__m256; 2] {
+    let shifts = (shift, shift.map(|s| Shift::folded(s)));
     let mut sums = [_mm256_setzero_ps(); 2];
     let mut steps = x.chunks_exact_mut(4 * LANES);
     for step in &mut steps {
-        add_step(&mut sums, shifted_vectors::<8, false, FOLD>(step, shift));
+        add_step(&mut sums, shifted_vectors::<8, false, FOLD>(step, shifts));
     }
     for row in steps.into_remainder().chunks_exact_mut(LANES) {
-        add_step(&mut sums, shifted_vectors::<2, false, FOLD>(row, shift));
+        add_step(&mut sums, shifted_vectors::<2, false, FOLD>(row, shifts));
     }
     sums
 }
 
 /// The `V` vectors of `x` (rows of a panel, so even vectors are lanes 0–7 and odd ones 8–15)
-/// replaced by `2^(x − shift)` (clamped above as [`exp2_ps`] says); returns them. With `FOLD`
-/// the shifts are folded into the rounding ([`exp2_shifted_ps`]; they must be foldable).
+/// replaced by `2^(x − shift)` (clamped above as [`exp2_ps`] says); returns them. The shifts
+/// come as they are and as [`Shift::folded`] (computed once by the caller, outside its loop):
+/// with `FOLD` they are folded into the rounding ([`exp2_shifted_ps`]; they must be foldable).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn shifted_vectors<const V: usize, const CAP_ABOVE: bool, const FOLD: bool>(
     x: &mut [f32],
-    shift: [__m256; 2],
+    (shift, folded): ([__m256; 2], [Shift; 2]),
 ) -> [__m256; V] {
     assert_eq!(x.len(), 8 * V);
-    let folded = shift.map(|s| Shift::folded(s));
     let ptr = x.as_mut_ptr();
     // SAFETY: `x` holds exactly V vectors of 8 f32, read and written unaligned.
     unsafe {
@@ -231,6 +232,7 @@ fn add_step<const V: usize>(sums: &mut [__m256; 2], e: [__m256; V]) {
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn exp2_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
     let s = [_mm256_set1_ps(shift); 2];
+    let s = (s, s.map(|s| Shift::folded(s)));
     let mut sums = [_mm256_setzero_ps(); 2];
     let mut steps = x.chunks_exact_mut(64);
     for step in &mut steps {
