@@ -3,9 +3,9 @@
 //! One task per (sequence, query head, block of `block_q` queries, or of 128 for the block
 //! that sees the fewest keys) owns those rows of the output; a decoding step (one query a
 //! sequence) runs as a matrix-vector product instead, the query heads of a group as its rows
-//! (`decode`). A task packs its queries once as `Qᵀ` panels
-//! (`d × 16`, f32, times `scale · log2(e)` so the softmax runs in base 2), then walks only the
-//! key blocks its rows can see (`Mask::key_range_for_rows`). Per key block and pair of panels:
+//! (`decode`). A task packs its queries once as `Qᵀ` panels (`d × 16`, f32, times
+//! `scale · log2(e)` so the softmax runs in base 2), then walks only the key blocks its rows can
+//! see (`Mask::key_range_for_rows`). Per key block and pair of panels:
 //!
 //! ```text
 //! Sᵀ  = K · Qᵀ            keys × 16 (×2)  microkernel, K rows read in place
