@@ -135,7 +135,7 @@ pub(crate) fn run<T: CpuElement>(
             query_blocks(p.seqs[b].nq, tiles.block_q, &mask)
                 .into_iter()
                 .flat_map(move |rows| {
-                    let cost = rows.len() * mask.key_range_for_rows(rows.clone()).len();
+                    let cost = block_cost(&mask, rows.clone());
                     (0..p.heads_q).map(move |h| Task {
                         b,
                         h,
@@ -197,9 +197,7 @@ pub(crate) fn run<T: CpuElement>(
 /// full, 1.001 causal.
 fn query_blocks(nq: usize, block_q: usize, mask: &Mask) -> Vec<Range<usize>> {
     let blocks = (0..nq.div_ceil(block_q)).map(|t| t * block_q..((t + 1) * block_q).min(nq));
-    let cheapest = blocks
-        .clone()
-        .min_by_key(|rows| rows.len() * mask.key_range_for_rows(rows.clone()).len());
+    let cheapest = blocks.clone().min_by_key(|rows| block_cost(mask, rows.clone()));
     blocks
         .flat_map(|rows| {
             let step = if Some(&rows) == cheapest.as_ref() {
@@ -212,6 +210,11 @@ fn query_blocks(nq: usize, block_q: usize, mask: &Mask) -> Vec<Range<usize>> {
                 .map(move |q| q..(q + step).min(rows.end))
         })
         .collect()
+}
+
+/// Query rows times the keys they see under `mask`: a block's share of the call's work.
+fn block_cost(mask: &Mask, rows: Range<usize>) -> usize {
+    rows.len() * mask.key_range_for_rows(rows).len()
 }
 
 /// The rows of the short tasks that end each (sequence, head)'s tasks (see [`query_blocks`]).

@@ -51,18 +51,17 @@ const KEPT_HEAD_BYTES: usize = 2 << 20;
 /// D=128 128→512 1.060 / 1.066 (256: 1.009 / 1.027); D=256 64→512 1.046 / 1.049 (256:
 /// 1.038 / 1.040); D=512 32→256 1.057 / 1.081 (128: 1.059 / 1.070).
 ///
-/// Tasks take 128 queries and read f32 K and V in place when the keys and values a task sees
-/// (a head's, or a sliding window's) take less than the L2 and their rows do not alias in L1:
-/// a head's rows stay in L2 (and its pages in the TLB) from one task to the next. Otherwise every task
-/// streams its head's K and V through the caches again, or its in-place rows keep evicting
-/// each other from L1, so tasks take 512 queries (four times fewer streams), and copy each key
-/// block into packed rows once for all their panels when the rows are not packed already or
-/// alias. f16/bf16 inputs, whose key blocks every task converts to f32, take 512-query tasks
-/// too. Tasks of 512 queries only when every thread gets at least four of them: on many cores,
-/// more tasks beat cheaper ones. Judged by a sliding window's keys rather than the whole
-/// head's (B=1, H=8, N=4096, D=64, f32, 2 threads, windows of 128, 256, 512, 1024 and 2048
-/// keys to the left, median over 8 interleaved rounds): 1.063×, 1.070×, 1.035×, 1.014× and
-/// 1.003× as fast (2026-11-24).
+/// Tasks take 128 queries and read f32 K and V in place when the keys and values a task sees (a
+/// head's, or a sliding window's) take less than the L2 and their rows do not alias in L1: a head's
+/// rows stay in L2 (and its pages in the TLB) from one task to the next. Otherwise every task
+/// streams its head's K and V through the caches again, or its in-place rows keep evicting each
+/// other from L1, so tasks take 512 queries (four times fewer streams), and copy each key block
+/// into packed rows once for all their panels when the rows are not packed already or alias.
+/// f16/bf16 inputs, whose key blocks every task converts to f32, take 512-query tasks too. Tasks of
+/// 512 queries only when every thread gets at least four of them: on many cores, more tasks beat
+/// cheaper ones. Judged by a sliding window's keys rather than the whole head's (B=1, H=8, N=4096,
+/// D=64, f32, 2 threads, windows of 128, 256, 512, 1024 and 2048 keys to the left, median over 8
+/// interleaved rounds): 1.063×, 1.070×, 1.035×, 1.014× and 1.003× as fast (2026-11-24).
 ///
 /// Measured on the 2-core Zen 5 VM (AMD EPYC, 2026-11-22, AVX2 kernels), f32, B=1, H=8, D=64,
 /// in GFLOP per CPU-second on 2 cores (noise about ±5): block_q 64 / 128 / 256 with block_k 256
