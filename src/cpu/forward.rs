@@ -197,7 +197,9 @@ pub(crate) fn run<T: CpuElement>(
 /// full, 1.001 causal.
 fn query_blocks(nq: usize, block_q: usize, mask: &Mask) -> Vec<Range<usize>> {
     let blocks = (0..nq.div_ceil(block_q)).map(|t| t * block_q..((t + 1) * block_q).min(nq));
-    let cheapest = blocks.clone().min_by_key(|rows| block_cost(mask, rows.clone()));
+    let cheapest = blocks
+        .clone()
+        .min_by_key(|rows| block_cost(mask, rows.clone()));
     blocks
         .flat_map(|rows| {
             let step = if Some(&rows) == cheapest.as_ref() {
