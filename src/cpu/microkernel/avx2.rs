@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Block, ColMax, PanelStrides};
+use super::{Block, ColBounds, PanelStrides};
 
 /// Rows of C per register block.
 const MR: usize = 6;
@@ -16,7 +16,7 @@ const MR: usize = 6;
 /// AVX2 and FMA must be available and the operands of `x` valid for `rows` rows (checked by
 /// [`super::product`]).
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn product(x: Block, rows: usize, col_max: &mut ColMax) {
+pub(super) unsafe fn product(x: Block, rows: usize, bounds: &mut ColBounds) {
     let fives = if rows >= 20 { (MR - rows % MR) % MR } else { 0 };
     let mut r0 = 0;
     while r0 < rows {
@@ -28,12 +28,12 @@ pub(super) unsafe fn product(x: Block, rows: usize, col_max: &mut ColMax) {
         // SAFETY: as above, for this block's rows.
         unsafe {
             match mr {
-                6 => block::<6>(c, a, b, k, st, acc, col_max),
-                5 => block::<5>(c, a, b, k, st, acc, col_max),
-                4 => block::<4>(c, a, b, k, st, acc, col_max),
-                3 => block::<3>(c, a, b, k, st, acc, col_max),
-                2 => block::<2>(c, a, b, k, st, acc, col_max),
-                _ => block::<1>(c, a, b, k, st, acc, col_max),
+                6 => block::<6>(c, a, b, k, st, acc, bounds),
+                5 => block::<5>(c, a, b, k, st, acc, bounds),
+                4 => block::<4>(c, a, b, k, st, acc, bounds),
+                3 => block::<3>(c, a, b, k, st, acc, bounds),
+                2 => block::<2>(c, a, b, k, st, acc, bounds),
+                _ => block::<1>(c, a, b, k, st, acc, bounds),
             }
         }
         r0 += mr;
@@ -54,7 +54,7 @@ unsafe fn block<const R: usize>(
     k: usize,
     st: PanelStrides,
     accumulate: bool,
-    col_max: &mut ColMax,
+    bounds: &mut ColBounds,
 ) {
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
     let mut a_row = [a; R];
@@ -76,12 +76,15 @@ unsafe fn block<const R: usize>(
             }
         }
     }
-    // SAFETY: `col_max` holds 16 f32.
-    let (mut max_lo, mut max_hi) = unsafe {
-        (
-            _mm256_loadu_ps(col_max.as_ptr()),
-            _mm256_loadu_ps(col_max.as_ptr().add(8)),
-        )
+    // SAFETY: the bounds hold 16 f32 each.
+    let [mut max_lo, mut max_hi, mut min_lo, mut min_hi] = unsafe {
+        let (max, min) = (bounds.max.as_ptr(), bounds.min.as_ptr());
+        [
+            _mm256_loadu_ps(max),
+            _mm256_loadu_ps(max.add(8)),
+            _mm256_loadu_ps(min),
+            _mm256_loadu_ps(min.add(8)),
+        ]
     };
     for (r, [lo, hi]) in acc.into_iter().enumerate() {
         // SAFETY: row r < R of C holds 16 writable elements (caller's contract).
@@ -96,11 +99,16 @@ unsafe fn block<const R: usize>(
             _mm256_storeu_ps(cr.add(8), hi);
             max_lo = _mm256_max_ps(max_lo, lo);
             max_hi = _mm256_max_ps(max_hi, hi);
+            min_lo = _mm256_min_ps(min_lo, lo);
+            min_hi = _mm256_min_ps(min_hi, hi);
         }
     }
-    // SAFETY: `col_max` holds 16 f32.
+    // SAFETY: the bounds hold 16 f32 each.
     unsafe {
-        _mm256_storeu_ps(col_max.as_mut_ptr(), max_lo);
-        _mm256_storeu_ps(col_max.as_mut_ptr().add(8), max_hi);
+        let (max, min) = (bounds.max.as_mut_ptr(), bounds.min.as_mut_ptr());
+        _mm256_storeu_ps(max, max_lo);
+        _mm256_storeu_ps(max.add(8), max_hi);
+        _mm256_storeu_ps(min, min_lo);
+        _mm256_storeu_ps(min.add(8), min_hi);
     }
 }

@@ -82,12 +82,52 @@ pub(crate) fn panels_product(
     pair: Option<PairOffsets>,
     write: Write,
 ) -> [ColMax; 2] {
+    panels_product_bounds(c, a, b, rows, k, st, pair, write).map(|b| b.max)
+}
+
+/// [`panels_product`], returning each column's smallest new value too where the kernel keeps
+/// it (AVX2 and portable; −∞ otherwise, which bounds nothing).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn panels_product_bounds(
+    c: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    rows: usize,
+    k: usize,
+    st: PanelStrides,
+    pair: Option<PairOffsets>,
+    write: Write,
+) -> [ColBounds; 2] {
     match pair {
         Some(pair) => product::<2>(cpu_simd(), c, a, b, rows, k, st, pair, write),
         None => {
             let one = PairOffsets::default();
-            let [max] = product::<1>(cpu_simd(), c, a, b, rows, k, st, one, write);
-            [max, [f32::NEG_INFINITY; PANEL]]
+            let [bounds] = product::<1>(cpu_simd(), c, a, b, rows, k, st, one, write);
+            [bounds, ColBounds::EMPTY]
+        }
+    }
+}
+
+/// The largest and the smallest new value of each of C's 16 columns (the smallest −∞ where the
+/// kernel does not keep it).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ColBounds {
+    pub max: ColMax,
+    pub min: ColMax,
+}
+
+impl ColBounds {
+    /// No values: every maximum −∞, every minimum +∞.
+    pub(crate) const EMPTY: ColBounds = ColBounds {
+        max: [f32::NEG_INFINITY; PANEL],
+        min: [f32::INFINITY; PANEL],
+    };
+
+    /// Widens the bounds to take in `other`'s.
+    pub(crate) fn join(&mut self, other: &ColBounds) {
+        for l in 0..PANEL {
+            self.max[l] = self.max[l].max(other.max[l]);
+            self.min[l] = self.min[l].min(other.min[l]);
         }
     }
 }
@@ -167,25 +207,26 @@ fn product<const W: usize>(
     st: PanelStrides,
     pair: PairOffsets,
     write: Write,
-) -> [ColMax; W] {
-    let mut col_max = [[f32::NEG_INFINITY; PANEL]; W];
+) -> [ColBounds; W] {
+    let mut bounds = [ColBounds::EMPTY; W];
     if rows == 0 {
-        return col_max;
+        return bounds;
     }
     check_c::<W>(c.len(), rows, st, pair);
     if k == 0 {
-        for (w, max) in col_max.iter_mut().enumerate() {
+        for (w, bounds) in bounds.iter_mut().enumerate() {
             for r in 0..rows {
                 let row = &mut c[w * pair.c + r * st.c_rs..][..PANEL];
                 if write == Write::Overwrite {
                     row.fill(0.0);
                 }
-                for (m, &x) in max.iter_mut().zip(row.iter()) {
-                    *m = m.max(x);
+                for (l, &x) in row.iter().enumerate() {
+                    bounds.max[l] = bounds.max[l].max(x);
+                    bounds.min[l] = bounds.min[l].min(x);
                 }
             }
         }
-        return col_max;
+        return bounds;
     }
     check_ab::<W>(a.len(), b.len(), rows, k, st, pair);
     let block = Block {
@@ -198,22 +239,31 @@ fn product<const W: usize>(
         // operands are inside their slices (asserted above) and C, borrowed mutably, overlaps
         // neither A nor B nor (for a pair) its other panel.
         #[cfg(target_arch = "x86_64")]
-        Simd::Avx512 => unsafe { avx512::product(block, rows, &mut col_max) },
+        Simd::Avx512 => {
+            let mut col_max = [[f32::NEG_INFINITY; PANEL]; W];
+            unsafe { avx512::product(block, rows, &mut col_max) };
+            for (bounds, max) in bounds.iter_mut().zip(col_max) {
+                *bounds = ColBounds {
+                    max,
+                    min: [f32::NEG_INFINITY; PANEL],
+                };
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         Simd::Avx2 => {
-            for (w, max) in col_max.iter_mut().enumerate() {
+            for (w, bounds) in bounds.iter_mut().enumerate() {
                 let one = Block {
                     c: block.c.wrapping_add(w * pair.c),
                     b: block.b.wrapping_add(w * pair.b),
                     ..block
                 };
                 // SAFETY: as above, for panel w alone.
-                unsafe { avx2::product(one, rows, max) };
+                unsafe { avx2::product(one, rows, bounds) };
             }
         }
         _ => {
-            for (w, max) in col_max.iter_mut().enumerate() {
-                *max = portable(
+            for (w, bounds) in bounds.iter_mut().enumerate() {
+                *bounds = portable(
                     &mut c[w * pair.c..],
                     a,
                     &b[w * pair.b..],
@@ -225,7 +275,7 @@ fn product<const W: usize>(
             }
         }
     }
-    col_max
+    bounds
 }
 
 /// Panics unless the `rows × 16` panels of C lie inside `c_len` elements and apart (rows ≥ 1).
@@ -273,8 +323,8 @@ fn portable(
     k: usize,
     st: PanelStrides,
     acc: bool,
-) -> ColMax {
-    let mut col_max = [f32::NEG_INFINITY; PANEL];
+) -> ColBounds {
+    let mut bounds = ColBounds::EMPTY;
     for r in 0..rows {
         let mut sum = [0f32; PANEL];
         for l in 0..k {
@@ -284,12 +334,13 @@ fn portable(
             }
         }
         let row = &mut c[r * st.c_rs..r * st.c_rs + PANEL];
-        for ((o, s), m) in row.iter_mut().zip(sum).zip(col_max.iter_mut()) {
+        for (l, (o, s)) in row.iter_mut().zip(sum).enumerate() {
             *o = if acc { *o + s } else { s };
-            *m = m.max(*o);
+            bounds.max[l] = bounds.max[l].max(*o);
+            bounds.min[l] = bounds.min[l].min(*o);
         }
     }
-    col_max
+    bounds
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@
 #[cfg(target_arch = "x86_64")]
 use super::{Block, check_ab, check_c};
 use super::{ColMax, PANEL, PairOffsets, PanelStrides, product};
-use crate::cpu::exp::exp2_shifted_panel;
+use crate::cpu::exp::{exp2_shifted_panel, exp2_shifted_panel_bounded};
 use crate::cpu::matmul::Write;
 use crate::cpu::simd::{Simd, cpu_simd};
 
@@ -26,8 +26,9 @@ use crate::cpu::simd::{Simd, cpu_simd};
 /// [`super::panels_product`]), where each panel of B is `k` contiguous rows of 16
 /// (`st.b_rs == 16`) and is overwritten by `2^(B − shift)`. `shift[w]` holds a finite shift per
 /// lane of panel `w`, at least every score of its lane (a running maximum), so that every
-/// exponent is ≤ 0; scores of −∞ give 0. Returns the lane sums of each panel's new B (0 for
-/// the second panel when there is none).
+/// exponent is ≤ 0; scores of −∞ give 0. `bounded[w]` says that every score of panel `w` is
+/// at least its lane's shift less 127 (see [`exp2_shifted_panel_bounded`]). Returns the lane
+/// sums of each panel's new B (0 for the second panel when there is none).
 /// Panics if an operand reaches outside its slice or the two B panels overlap.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn softmax_product(
@@ -39,12 +40,24 @@ pub(crate) fn softmax_product(
     st: PanelStrides,
     pair: Option<PairOffsets>,
     shift: &[ColMax; 2],
+    bounded: [bool; 2],
 ) -> [ColMax; 2] {
     match pair {
-        Some(pair) => product_exp::<2>(cpu_simd(), c, a, b, rows, k, st, pair, shift),
+        Some(pair) => product_exp::<2>(cpu_simd(), c, a, b, rows, k, st, pair, shift, bounded),
         None => {
             let one = PairOffsets::default();
-            let [sum] = product_exp::<1>(cpu_simd(), c, a, b, rows, k, st, one, &[shift[0]]);
+            let [sum] = product_exp::<1>(
+                cpu_simd(),
+                c,
+                a,
+                b,
+                rows,
+                k,
+                st,
+                one,
+                &[shift[0]],
+                [bounded[0]],
+            );
             [sum, [0.0; PANEL]]
         }
     }
@@ -63,6 +76,7 @@ pub(super) fn product_exp<const W: usize>(
     st: PanelStrides,
     pair: PairOffsets,
     shift: &[ColMax; W],
+    bounded: [bool; W],
 ) -> [ColMax; W] {
     assert_eq!(st.b_rs, PANEL, "softmax product: B rows must be contiguous");
     let mut sums = [[0f32; PANEL]; W];
@@ -91,7 +105,12 @@ pub(super) fn product_exp<const W: usize>(
         return sums;
     }
     for (w, sum) in sums.iter_mut().enumerate() {
-        *sum = exp2_shifted_panel(&mut b[w * pair.b..][..k * PANEL], &shift[w]);
+        let panel = &mut b[w * pair.b..][..k * PANEL];
+        *sum = if bounded[w] {
+            exp2_shifted_panel_bounded(panel, &shift[w])
+        } else {
+            exp2_shifted_panel(panel, &shift[w])
+        };
     }
     product::<W>(simd, c, a, b, rows, k, st, pair, Write::Accumulate);
     sums

@@ -46,13 +46,17 @@ fn check<const W: usize>(rows: usize, k: usize, a_rs: usize, a_cs: usize) {
                 1.0
             };
             let mut c = vec![init; pair.c * W];
-            let col_max = product::<W>(simd, &mut c, &a, &b, rows, k, st, pair, write);
+            let bounds = product::<W>(simd, &mut c, &a, &b, rows, k, st, pair, write);
             for w in 0..W {
                 for j in 0..PANEL {
-                    let want = (0..rows)
-                        .map(|r| c[w * pair.c + r * c_rs + j])
-                        .fold(f32::NEG_INFINITY, f32::max);
-                    assert_eq!(col_max[w][j], want, "{simd} max of panel {w} lane {j}");
+                    let column = (0..rows).map(|r| c[w * pair.c + r * c_rs + j]);
+                    let want = column.clone().fold(f32::NEG_INFINITY, f32::max);
+                    assert_eq!(bounds[w].max[j], want, "{simd} max of panel {w} lane {j}");
+                    // The minimum where the kernel keeps it (all but AVX-512's), else −∞.
+                    let min = column.fold(f32::INFINITY, f32::min);
+                    let unkept = simd == Simd::Avx512 && k > 0;
+                    let want = if unkept { f32::NEG_INFINITY } else { min };
+                    assert_eq!(bounds[w].min[j], want, "{simd} min of panel {w} lane {j}");
                 }
                 for r in 0..rows {
                     for j in 0..PANEL {
@@ -218,8 +222,9 @@ fn check_softmax<const W: usize>(rows: usize, k: usize, a_rs: usize, a_cs: usize
     for simd in levels() {
         let mut b = scores.clone();
         let mut c = vec![1.0f32; pair.c * W];
-        let sums =
-            softmax_product::product_exp::<W>(simd, &mut c, &a, &mut b, rows, k, st, pair, &shift);
+        let sums = softmax_product::product_exp::<W>(
+            simd, &mut c, &a, &mut b, rows, k, st, pair, &shift, [false; W],
+        );
         for w in 0..W {
             let p = |l: usize, j: usize| {
                 (scores[w * pair.b + l * PANEL + j] as f64 - shift[w][j] as f64).exp2()
