@@ -118,6 +118,7 @@ pub(crate) fn within_exp_bound(min: &[f32; LANES], shift: &[f32; LANES]) -> bool
 /// the exact difference.
 const BOUNDED_SHIFT_MAX: f32 = 1_048_576.0;
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 fn shifted_panel(x: &mut [f32], shift: &[f32; LANES], bounded: bool) -> [f32; LANES] {
     debug_assert_eq!(x.len() % LANES, 0);
     match cpu_simd() {
