@@ -10,7 +10,7 @@ const MR: usize = 6;
 
 /// One panel's product (see [`super::panels_product`]), in blocks of 6 rows, with two to five
 /// blocks of 5 instead of one short block at the end (a 4-row block has too few accumulators
-/// to hide the FMA latency).
+/// to hide the FMA latency). The new values' column maxima and minima widen `bounds`.
 ///
 /// # Safety
 /// AVX2 and FMA must be available and the operands of `x` valid for `rows` rows (checked by
@@ -40,7 +40,7 @@ pub(super) unsafe fn product(x: Block, rows: usize, bounds: &mut ColBounds) {
     }
 }
 
-/// One `R × 16` register block of C over the whole `k`.
+/// One `R × 16` register block of C over the whole `k`; its rows widen `bounds`.
 ///
 /// # Safety
 /// AVX2 and FMA must be available; `a + r·a_rs + l·a_cs` (r < R, l < k), `b + l·b_rs .. + 16`

@@ -235,12 +235,12 @@ fn product<const W: usize>(
     };
     debug_assert!(simd <= cpu_simd());
     match simd {
-        // SAFETY: the level is supported by this CPU (the caller's, at most `cpu_simd`); the
-        // operands are inside their slices (asserted above) and C, borrowed mutably, overlaps
-        // neither A nor B nor (for a pair) its other panel.
         #[cfg(target_arch = "x86_64")]
         Simd::Avx512 => {
             let mut col_max = [[f32::NEG_INFINITY; PANEL]; W];
+            // SAFETY: the level is supported by this CPU (the caller's, at most `cpu_simd`);
+            // the operands are inside their slices (asserted above) and C, borrowed mutably,
+            // overlaps neither A nor B nor (for a pair) its other panel.
             unsafe { avx512::product(block, rows, &mut col_max) };
             for (bounds, max) in bounds.iter_mut().zip(col_max) {
                 *bounds = ColBounds {
