@@ -41,9 +41,7 @@ use super::key_rows::{KeyRows, KeySource, PackedKeys};
 use super::lanes::lane_max;
 use super::line_buf::LineBuf;
 use super::matmul::Write;
-use super::microkernel::{
-    ColBounds, PairOffsets, PanelStrides, panels_product_bounds, softmax_product,
-};
+use super::microkernel::{ColBounds, PairOffsets, PanelStrides, panels_product, softmax_product};
 use super::online_softmax::PanelSoftmax;
 use super::pieces::{contains, merged, pieces};
 use super::prefetch::prefetch_rows;
@@ -402,7 +400,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         for piece in pieces.iter().flatten() {
             let (w, keys) = (piece.first, &piece.keys);
             let at = w * n * LANES + (keys.start - start) * LANES;
-            let piece_bounds = panels_product_bounds(
+            let piece_bounds = panels_product(
                 &mut st[at..],
                 k_rows.skip(keys.start - block.start),
                 &qt[w * d * LANES..],

@@ -67,28 +67,14 @@ pub(crate) type ColMax = [f32; PANEL];
 /// `C[rows × 16] (=|+=) A[rows × k] · B[k × 16]` (see the module doc for the layouts), on
 /// two panels at once when `pair` is given: panel `w` of B starts at `b[w·pair.b..]` and of C
 /// at `c[w·pair.c..]` (the two C panels must not overlap: one after the other, or side by side
-/// in the same rows). Returns the largest new value of each of C's 16 columns, per panel (−∞
-/// when `rows` is 0, and for the second panel when there is none), taken from the registers
-/// on the way out so the softmax need not read C again.
+/// in the same rows). Returns the bounds of each of C's 16 columns' new values, per panel
+/// ([`ColBounds::EMPTY`] when `rows` is 0, and for the second panel when there is none), taken
+/// from the registers on the way out so the softmax need not read C again: the largest, and
+/// the smallest where the kernel keeps it (AVX2 and portable; −∞ otherwise, which bounds
+/// nothing).
 /// Panics if an operand reaches outside its slice (an internal bug).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn panels_product(
-    c: &mut [f32],
-    a: &[f32],
-    b: &[f32],
-    rows: usize,
-    k: usize,
-    st: PanelStrides,
-    pair: Option<PairOffsets>,
-    write: Write,
-) -> [ColMax; 2] {
-    panels_product_bounds(c, a, b, rows, k, st, pair, write).map(|b| b.max)
-}
-
-/// [`panels_product`], returning each column's smallest new value too where the kernel keeps
-/// it (AVX2 and portable; −∞ otherwise, which bounds nothing).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn panels_product_bounds(
     c: &mut [f32],
     a: &[f32],
     b: &[f32],

@@ -117,10 +117,10 @@ fn a_pair_equals_its_panels_one_at_a_time() {
         c: rows * PANEL,
     };
     let mut both = vec![f32::NAN; 2 * rows * PANEL];
-    let maxes = panels_product(&mut both, &a, &b, rows, k, st, Some(pair), Write::Overwrite);
+    let bounds = panels_product(&mut both, &a, &b, rows, k, st, Some(pair), Write::Overwrite);
     for w in 0..2 {
         let mut one = vec![f32::NAN; rows * PANEL];
-        let [max, none] = panels_product(
+        let [alone, none] = panels_product(
             &mut one,
             &a,
             &b[w * pair.b..],
@@ -130,8 +130,10 @@ fn a_pair_equals_its_panels_one_at_a_time() {
             None,
             Write::Overwrite,
         );
-        assert_eq!(none, [f32::NEG_INFINITY; PANEL]);
-        assert_eq!(max, maxes[w]);
+        assert_eq!(none.max, [f32::NEG_INFINITY; PANEL]);
+        assert_eq!(none.min, [f32::INFINITY; PANEL]);
+        assert_eq!(alone.max, bounds[w].max);
+        assert_eq!(alone.min.map(f32::to_bits), bounds[w].min.map(f32::to_bits));
         assert_eq!(one[..], both[w * pair.c..(w + 1) * pair.c]);
     }
 }
