@@ -35,8 +35,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use super::decode;
-use super::exp::LANES;
-use super::exp::within_exp_bound;
+use super::exp::{LANES, within_exp_bound};
 use super::key_rows::{KeyRows, KeySource, PackedKeys};
 use super::lanes::lane_max;
 use super::line_buf::LineBuf;
@@ -425,7 +424,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             }
         }
         // Panels whose scores all came from the products, unmasked and unmodified, and lie
-        // within 127 of their shifts: their exponentials need no clamp.
+        // within 126 of their shifts: their exponentials need no clamp.
         let mut bounded = [false; 2];
         for (w, panel) in pair.clone().enumerate() {
             let keys = seen[w].clone();
