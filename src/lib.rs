@@ -27,7 +27,7 @@ pub mod reference;
 pub mod tensor;
 
 pub use attention::{ForwardOutput, Gradients, backward, backward_into, forward, forward_into};
-pub use cpu::{Simd, cpu_simd};
+pub use cpu::{Simd, cpu_simd, forward_profile};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use host_buf::set_huge_pages;

@@ -357,6 +357,10 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
     for line in device::compile_report(a.device)? {
         println!("kernel {line}");
     }
+    // Built with the `profile` feature: where the CPU forward's cycles went.
+    if let Some(profile) = flashattn::forward_profile() {
+        print!("{profile}");
+    }
     if let Some(path) = &a.json {
         json::write(path, &rows)?;
         println!("wrote {}", path.display());

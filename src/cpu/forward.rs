@@ -44,6 +44,7 @@ use super::microkernel::{ColBounds, PairOffsets, PanelStrides, panels_product, s
 use super::online_softmax::PanelSoftmax;
 use super::pieces::{contains, merged, pieces};
 use super::prefetch::prefetch_rows;
+use super::profile::{Section, TaskClock};
 use super::schedule::for_each_in_runs;
 use super::score_mods::{ScoreMods, apply_mask, apply_score_mods};
 use super::tile_config::{ForwardTiles, MAX_BLOCK_Q, forward_tiles, l2_bytes, vendor};
@@ -257,10 +258,11 @@ struct TaskCtx<'a, T> {
 
 impl<T: CpuElement> TaskCtx<'_, T> {
     fn run(&self, sc: &mut Scratch, out: &SharedOut<'_, T>, lse: &SharedOut<'_, f32>) {
-        let (p, b) = (self.p, self.b);
-        let (d, dv) = (p.head_dim, p.head_dim_v);
+        let (p, b, dv) = (self.p, self.b, self.p.head_dim_v);
+        let seq = (p.seqs[b].nq, p.seqs[b].nk, p.window);
+        let mut clock = TaskClock::start(seq, &self.mask, self.rows.clone());
         let panels = self.rows.len().div_ceil(LANES);
-        self.pack_queries(sc, panels);
+        clock.time(Section::Queries, || self.pack_queries(sc, panels));
         sc.panels.ot.clear();
         sc.panels.ot.resize(panels * dv * LANES, 0.0);
         sc.panels.softmax.clear();
@@ -276,13 +278,21 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             if self.mask.tile_is_empty(self.rows.clone(), block.clone()) {
                 continue;
             }
-            let (k_rows, v_rows) = source.block(&mut sc.kv, block.clone());
+            let (k_rows, v_rows) =
+                clock.time(Section::Keys, || source.block(&mut sc.kv, block.clone()));
             for first in (0..panels).step_by(2) {
                 let pair = first..(first + 2).min(panels);
                 self.panel_pair(&mut sc.panels, pair, block.clone(), k_rows, v_rows);
             }
         }
+        clock.time(Section::Output, || self.write_outputs(sc, out, lse));
+    }
 
+    /// Writes the task's output rows, each divided by its softmax sum, and their log-sum-exps.
+    fn write_outputs(&self, sc: &mut Scratch, out: &SharedOut<'_, T>, lse: &SharedOut<'_, f32>) {
+        let (p, b) = (self.p, self.b);
+        let (d, dv) = (p.head_dim, p.head_dim_v);
+        let panels = self.rows.len().div_ceil(LANES);
         sc.rows.resize(LANES * dv.max(d), 0.0);
         // The output rows of later panels are fetched while this panel is written.
         let prefetch = |panel: usize| {

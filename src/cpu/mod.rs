@@ -21,6 +21,7 @@ mod microkernel;
 mod online_softmax;
 mod pieces;
 mod prefetch;
+pub(crate) mod profile;
 mod schedule;
 mod score_mods;
 mod shared_out;
@@ -48,6 +49,7 @@ use crate::tensor::{CpuElement, CpuStorage, Tensor, contiguous_strides};
 
 /// The vectorized row exp, also used by the standard attention baseline (one exp for both).
 pub(crate) use exp::exp2_shifted_sum;
+pub use profile::report as forward_profile;
 /// Parallel writes of large buffers (`host_buf`), on the same threads as the kernels' tasks.
 pub(crate) use schedule::for_each_chunk;
 pub(crate) use shared_out::SharedOut;
