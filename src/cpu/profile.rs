@@ -1,7 +1,8 @@
 //! Where the CPU forward's time goes, per kind of task (cargo feature `profile`): each task's
-//! TSC cycles (nanoseconds off x86-64), and those of its query packing, K/V copying and output writing, summed over the
-//! calls of a process by (sequence lengths, mask, query rows) and reported per (query, key)
-//! pair that the mask lets the task see. Tasks of the same rows under two masks (full and
+//! TSC cycles (nanoseconds off x86-64), and those of its query packing, K/V copying and output
+//! writing, summed over the calls of a process by (sequence lengths, mask, query rows) and
+//! reported per (query, key) pair that the mask lets the task see (a decoding step, which runs
+//! no tasks, is not counted). Tasks of the same rows under two masks (full and
 //! causal) are told apart, so one `flashattn bench` run times both side by side.
 //!
 //! Without the feature the clock is an empty type and the report `None`: nothing is timed.
@@ -146,7 +147,8 @@ mod imp {
         }
     }
 
-    /// The table of this process's forward tasks so far, one line per kind, or `None` when no
+    /// The CPU forward's cycle profile (the `profile` feature): a table of this process's
+    /// forward tasks so far, one line per kind and one per (sequence, mask), or `None` when no
     /// task ran.
     pub fn report() -> Option<String> {
         let tasks = TASKS.lock().unwrap_or_else(|e| e.into_inner());
@@ -196,7 +198,8 @@ mod imp {
         }
     }
 
-    /// Nothing was timed.
+    /// The CPU forward's cycle profile: always `None` in this build, which times nothing (built
+    /// with the `profile` feature, a table of the forward's tasks).
     pub fn report() -> Option<String> {
         None
     }
