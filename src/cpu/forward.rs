@@ -42,7 +42,7 @@ use super::line_buf::LineBuf;
 use super::matmul::Write;
 use super::microkernel::{ColBounds, PairOffsets, PanelStrides, panels_product, softmax_product};
 use super::online_softmax::PanelSoftmax;
-use super::pieces::{contains, merged, pieces};
+use super::pieces::{contains, extend_run, leading, merged, pieces};
 use super::prefetch::prefetch_rows;
 use super::profile::{Section, TaskClock};
 use super::schedule::for_each_in_runs;
@@ -360,12 +360,15 @@ impl<T: CpuElement> TaskCtx<'_, T> {
     /// multiplied for both at once; keys only one sees (the ends of a causal or window
     /// diagonal), for that one alone. Each panel's softmax and `Vᵀ·Pᵀ` cover only the keys it
     /// sees; the mask touches only its partly visible rows, and the maxima of the other rows
-    /// come from the products' registers. A panel whose scores all come from the products
-    /// (no mask, no score options) and whose minima lie within 126 of its shifts takes its
-    /// exponentials without their clamp (`exp2_shifted_panel_bounded`): on the 2-core Zen 1 VM
-    /// (2026-11-29), f32, B=1, H=8, D=64, N=1024, the exponentials' samples of a 1-thread full
-    /// forward fell from 842 to 743 (products 9070 → 9009), and the 2-thread rate over 10
-    /// interleaved rounds moved 1.004 full, 1.005 causal.
+    /// come from the products' registers. The rows of a panel whose scores all come from the
+    /// products (keys all its queries see, no score options), when their minima lie within 126
+    /// of its shifts, take their exponentials without the clamp (`exp2_shifted_panel_bounded`);
+    /// the masked rows of a diagonal after them keep it. On the 2-core Zen 1 VM (2026-11-29),
+    /// f32, B=1, H=8, D=64, N=1024, the exponentials' samples of a 1-thread full forward fell
+    /// from 842 to 743 (products 9070 → 9009; whole panels only), and the 2-thread rate over 10
+    /// interleaved rounds moved 1.004 full, 1.005 causal; the diagonals' unmasked rows too, the
+    /// exponentials' share of a 1-thread causal forward's samples 6.45% and 6.83% → 6.36% and
+    /// 5.95% (13k samples each), the 2-thread rates 1.000 full, 1.001 causal (10 rounds).
     fn panel_pair(
         &self,
         sc: &mut Panels,
@@ -405,6 +408,8 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         // Per panel: the bounds of the scores the products gave exactly (rows every query of
         // the panel sees); rows of pieces that reach past `full` are maxed after the mask.
         let mut exact = [ColBounds::EMPTY; 2];
+        // Per panel, the run of keys from its first exact piece on that `exact` covers.
+        let mut exact_keys: [Range<usize>; 2] = [0..0, 0..0];
         let mut shift = [[0f32; LANES]; 2];
         for piece in pieces.iter().flatten() {
             let (w, keys) = (piece.first, &piece.keys);
@@ -430,12 +435,13 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             for (w, b) in piece.panels().zip(&piece_bounds) {
                 if contains(&full[w], keys) {
                     exact[w].join(b);
+                    extend_run(&mut exact_keys[w], keys);
                 }
             }
         }
-        // Panels whose scores all came from the products, unmasked and unmodified, and lie
-        // within 126 of their shifts: their exponentials need no clamp.
-        let mut bounded = [false; 2];
+        // Per panel, the keys whose scores all came from the products, unmasked and
+        // unmodified, when they lie within 126 of the shifts: their exponentials need no clamp.
+        let mut bounded: [Range<usize>; 2] = [0..0, 0..0];
         for (w, panel) in pair.clone().enumerate() {
             let keys = seen[w].clone();
             if keys.is_empty() {
@@ -468,8 +474,9 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             }
             let ot = &mut ot[w * dv * LANES..(w + 1) * dv * LANES];
             shift[w] = sc.softmax[panel].rescale(st, tile_max, ot);
-            bounded[w] =
-                !self.mods.any() && full[w] == keys && within_exp_bound(&exact[w].min, &shift[w]);
+            if !self.mods.any() && within_exp_bound(&exact[w].min, &shift[w]) {
+                bounded[w] = exact_keys[w].clone();
+            }
         }
         let mut sums = [[0f32; LANES]; 2];
         // One product per run of keys: the cuts for exact maxima do not matter here.
@@ -492,7 +499,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                     c: dv * LANES,
                 }),
                 &[shift[w], shift[1.min(w + 1)]],
-                [bounded[w], bounded[1.min(w + 1)]],
+                [w, 1.min(w + 1)].map(|w| leading(&bounded[w], keys)),
             );
             for (w, s) in piece.panels().zip(&piece_sums) {
                 for (total, x) in sums[w].iter_mut().zip(s) {

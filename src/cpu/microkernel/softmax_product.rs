@@ -26,9 +26,10 @@ use crate::cpu::simd::{Simd, cpu_simd};
 /// [`super::panels_product`]), where each panel of B is `k` contiguous rows of 16
 /// (`st.b_rs == 16`) and is overwritten by `2^(B − shift)`. `shift[w]` holds a finite shift per
 /// lane of panel `w`, at least every score of its lane (a running maximum), so that every
-/// exponent is ≤ 0; scores of −∞ give 0. `bounded[w]` says that every score of panel `w` is
-/// at least its lane's shift less 127 (see [`exp2_shifted_panel_bounded`]). Returns the lane
-/// sums of each panel's new B (0 for the second panel when there is none).
+/// exponent is ≤ 0; scores of −∞ give 0. `bounded[w]` says that every score in the first
+/// `bounded[w]` rows of panel `w` is at least its lane's shift less 127 (see
+/// [`exp2_shifted_panel_bounded`]; the rows of a causal diagonal's mask come after them).
+/// Returns the lane sums of each panel's new B (0 for the second panel when there is none).
 /// Panics if an operand reaches outside its slice or the two B panels overlap.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn softmax_product(
@@ -40,7 +41,7 @@ pub(crate) fn softmax_product(
     st: PanelStrides,
     pair: Option<PairOffsets>,
     shift: &[ColMax; 2],
-    bounded: [bool; 2],
+    bounded: [usize; 2],
 ) -> [ColMax; 2] {
     match pair {
         Some(pair) => product_exp::<2>(cpu_simd(), c, a, b, rows, k, st, pair, shift, bounded),
@@ -76,7 +77,7 @@ pub(super) fn product_exp<const W: usize>(
     st: PanelStrides,
     pair: PairOffsets,
     shift: &[ColMax; W],
-    bounded: [bool; W],
+    bounded: [usize; W],
 ) -> [ColMax; W] {
     assert_eq!(st.b_rs, PANEL, "softmax product: B rows must be contiguous");
     let mut sums = [[0f32; PANEL]; W];
@@ -106,11 +107,20 @@ pub(super) fn product_exp<const W: usize>(
     }
     for (w, sum) in sums.iter_mut().enumerate() {
         let panel = &mut b[w * pair.b..][..k * PANEL];
-        *sum = if bounded[w] {
-            exp2_shifted_panel_bounded(panel, &shift[w])
-        } else {
-            exp2_shifted_panel(panel, &shift[w])
-        };
+        let (within, rest) = panel.split_at_mut(bounded[w].min(k) * PANEL);
+        for (part, bounded) in [(within, true), (rest, false)] {
+            if part.is_empty() {
+                continue;
+            }
+            let part_sum = if bounded {
+                exp2_shifted_panel_bounded(part, &shift[w])
+            } else {
+                exp2_shifted_panel(part, &shift[w])
+            };
+            for (s, x) in sum.iter_mut().zip(part_sum) {
+                *s += x;
+            }
+        }
     }
     product::<W>(simd, c, a, b, rows, k, st, pair, Write::Accumulate);
     sums

@@ -225,7 +225,7 @@ fn check_softmax<const W: usize>(rows: usize, k: usize, a_rs: usize, a_cs: usize
         let mut b = scores.clone();
         let mut c = vec![1.0f32; pair.c * W];
         let sums = softmax_product::product_exp::<W>(
-            simd, &mut c, &a, &mut b, rows, k, st, pair, &shift, [false; W],
+            simd, &mut c, &a, &mut b, rows, k, st, pair, &shift, [0; W],
         );
         for w in 0..W {
             let p = |l: usize, j: usize| {
@@ -285,6 +285,63 @@ fn softmax_product_matches_f64_for_every_size_and_level() {
             for (a_rs, a_cs) in [(1, rows + 3), (k + 3, 1)] {
                 check_softmax::<1>(rows, k, a_rs, a_cs);
                 check_softmax::<2>(rows, k, a_rs, a_cs);
+            }
+        }
+    }
+}
+
+/// The exponentials of B's first rows without their clamp (`bounded`), where those rows lie
+/// within the bound and the rows after them hold masked and far-below scores: the same `Pᵀ`
+/// and C, bit for bit, as with every row clamped, and the same sums up to their order.
+#[test]
+fn softmax_product_leaves_the_clamp_out_of_bounded_rows_alone() {
+    let (rows, k) = (13, 40);
+    let st = PanelStrides {
+        a_rs: 1,
+        a_cs: rows + 3,
+        b_rs: PANEL,
+        c_rs: PANEL,
+    };
+    let pair = PairOffsets {
+        b: PANEL * k,
+        c: PANEL * rows,
+    };
+    let a: Vec<f32> = (0..rows + k * st.a_cs)
+        .map(|i| (i as f32 * 0.41).sin())
+        .collect();
+    let shift: [ColMax; 2] = std::array::from_fn(|w| std::array::from_fn(|l| 3.5 + (w + l) as f32));
+    for within in [0, 1, 17, 39, 40] {
+        // Rows before `within`: at most 100 below the shift; after: −∞ and −300 among them.
+        let scores: Vec<f32> = (0..2 * pair.b)
+            .map(|i| {
+                let row = (i % pair.b) / PANEL;
+                match (row < within, i % 7) {
+                    (true, _) => (i as f32 * 0.31).cos() * 50.0 - 40.0,
+                    (false, 2) => f32::NEG_INFINITY,
+                    (false, 5) => -300.0,
+                    (false, _) => (i as f32 * 0.17).sin() * 6.0,
+                }
+            })
+            .collect();
+        for simd in levels() {
+            let run = |bounded: [usize; 2]| {
+                let mut b = scores.clone();
+                let mut c = vec![0.5f32; 2 * pair.c];
+                let sums = softmax_product::product_exp::<2>(
+                    simd, &mut c, &a, &mut b, rows, k, st, pair, &shift, bounded,
+                );
+                (b, c, sums)
+            };
+            let (b0, c0, s0) = run([0, 0]);
+            let (b1, c1, s1) = run([within, within]);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&b0), bits(&b1), "{simd} within {within}: Pᵀ");
+            assert_eq!(bits(&c0), bits(&c1), "{simd} within {within}: C");
+            for (x, y) in s0.iter().flatten().zip(s1.iter().flatten()) {
+                assert!(
+                    (x - y).abs() <= 1e-6 * x.abs(),
+                    "{simd} within {within}: {x} vs {y}"
+                );
             }
         }
     }
