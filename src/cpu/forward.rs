@@ -1,7 +1,7 @@
 //! CPU forward: FlashAttention over Br×Bc tiles, kept transposed in panels of 16 queries.
 //!
 //! One task per (sequence, query head, block of `block_q` queries, or of 128 for the block
-//! that sees the fewest keys) owns those rows of the output; a decoding step (one query a
+//! that sees the fewest keys: `query_blocks`) owns those rows of the output; a decoding step (one query a
 //! sequence) runs as a matrix-vector product instead, the query heads of a group as its rows
 //! (`decode`). A task packs its queries once as `Qᵀ` panels (`d × 16`, f32, times
 //! `scale · log2(e)` so the softmax runs in base 2), then walks only the key blocks its rows can
@@ -45,6 +45,7 @@ use super::online_softmax::PanelSoftmax;
 use super::pieces::{contains, extend_run, leading, merged, pieces};
 use super::prefetch::prefetch_rows;
 use super::profile::{Section, TaskClock};
+use super::query_blocks::{block_cost, query_blocks};
 use super::schedule::for_each_in_runs;
 use super::score_mods::{ScoreMods, apply_mask, apply_score_mods};
 use super::tile_config::{ForwardTiles, MAX_BLOCK_Q, forward_tiles, l2_bytes, vendor};
@@ -185,43 +186,6 @@ pub(crate) fn run<T: CpuElement>(
     };
     for_each_in_runs(&tasks, runs, |t| t.cost, body);
 }
-
-/// The query blocks of a sequence of `nq` queries: `block_q` rows each, but for the block that
-/// sees the fewest keys under `mask`, which is cut into blocks of [`TAIL_Q`] rows. Sorted
-/// longest first, a (sequence, head)'s short blocks come last, so that each thread's run of
-/// tasks ends on short tasks and a thread that finishes its run early waits less for the other
-/// to end its last task. On a 2-core Zen 1 VM (2026-11-29), f32, B=1, H=8, D=64, N=1024,
-/// 512-query tasks, the time one thread waited for the other at the end of a call, averaged
-/// over 56 calls, fell from 2.0% of the call to 0.6% causal and from 3.6% to 1.2% full; the
-/// bench's rate (fastest call of three, median over 8 interleaved rounds, over the uncut
-/// blocks') moved 1.008 and 1.003 full, 0.997 and 1.016 causal in two runs; at N=4096 0.994
-/// full, 1.001 causal.
-fn query_blocks(nq: usize, block_q: usize, mask: &Mask) -> Vec<Range<usize>> {
-    let blocks = (0..nq.div_ceil(block_q)).map(|t| t * block_q..((t + 1) * block_q).min(nq));
-    let cheapest = blocks
-        .clone()
-        .min_by_key(|rows| block_cost(mask, rows.clone()));
-    blocks
-        .flat_map(|rows| {
-            let step = if Some(&rows) == cheapest.as_ref() {
-                TAIL_Q.min(block_q)
-            } else {
-                block_q
-            };
-            (rows.start..rows.end)
-                .step_by(step)
-                .map(move |q| q..(q + step).min(rows.end))
-        })
-        .collect()
-}
-
-/// Query rows times the keys they see under `mask`: a block's share of the call's work.
-fn block_cost(mask: &Mask, rows: Range<usize>) -> usize {
-    rows.len() * mask.key_range_for_rows(rows).len()
-}
-
-/// The rows of the short tasks that end each (sequence, head)'s tasks (see [`query_blocks`]).
-const TAIL_Q: usize = 128;
 
 /// How many panels ahead of the one it packs (or writes) a task fetches its query (output) rows
 /// into L2. Fetched into L1 two panels ahead, the rows of the panel at hand were evicted by the
@@ -571,44 +535,6 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             in_place: !self.tiles.pack_kv,
             keep: self.tiles.keep_kv,
             call: self.call,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::mask::Window;
-
-    #[test]
-    fn the_cheapest_query_block_is_cut_into_short_ones() {
-        let causal = Mask::new(Window::CAUSAL, 1024, 1024);
-        let full = Mask::new(Window::FULL, 1000, 1000);
-        let cases = [
-            // Causal: the first block sees the fewest keys.
-            (
-                &causal,
-                1024,
-                512,
-                vec![0..128, 128..256, 256..384, 384..512, 512..1024],
-            ),
-            // Full: the short last block is the cheapest.
-            (
-                &full,
-                1000,
-                512,
-                vec![0..512, 512..640, 640..768, 768..896, 896..1000],
-            ),
-            (&full, 200, 512, vec![0..128, 128..200]),
-            // Tasks of 128 queries already: nothing to cut.
-            (&causal, 300, 128, vec![0..128, 128..256, 256..300]),
-        ];
-        for (mask, nq, block_q, want) in cases {
-            assert_eq!(
-                query_blocks(nq, block_q, mask),
-                want,
-                "nq {nq} block {block_q}"
-            );
         }
     }
 }

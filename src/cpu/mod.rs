@@ -22,6 +22,7 @@ mod online_softmax;
 mod pieces;
 mod prefetch;
 pub(crate) mod profile;
+mod query_blocks;
 mod schedule;
 mod score_mods;
 mod shared_out;
