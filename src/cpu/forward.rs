@@ -1,9 +1,9 @@
 //! CPU forward: FlashAttention over Br×Bc tiles, kept transposed in panels of 16 queries.
 //!
 //! One task per (sequence, query head, block of `block_q` queries, or of 128 for the block
-//! that sees the fewest keys: `query_blocks`) owns those rows of the output; a decoding step (one query a
-//! sequence) runs as a matrix-vector product instead, the query heads of a group as its rows
-//! (`decode`). A task packs its queries once as `Qᵀ` panels (`d × 16`, f32, times
+//! that sees the fewest keys: `query_blocks`) owns those rows of the output; a decoding step
+//! (one query a sequence) runs as a matrix-vector product instead, the query heads of a group
+//! as its rows (`decode`). A task packs its queries once as `Qᵀ` panels (`d × 16`, f32, times
 //! `scale · log2(e)` so the softmax runs in base 2), then walks only the key blocks its rows can
 //! see (`Mask::key_range_for_rows`). Per key block and pair of panels:
 //!
