@@ -96,12 +96,26 @@ pub(crate) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; L
     shifted_panel(x, shift, false)
 }
 
-/// [`exp2_shifted_panel`] for a panel each of whose elements is known to be at least its lane's
-/// shift less 127 (where its exponential is 0 or subnormal anyway): the AVX2 path then skips
-/// its clamp of the arguments (see `avx2::exp2_shifted_ps`). The result is unspecified for a
-/// panel outside that bound.
-pub(crate) fn exp2_shifted_panel_bounded(x: &mut [f32], shift: &[f32; LANES]) -> [f32; LANES] {
-    shifted_panel(x, shift, true)
+/// [`exp2_shifted_panel`] for a panel whose first `rows` rows are known to hold only elements
+/// at least their lane's shift less 127 (where an exponential is 0 or subnormal anyway): the
+/// AVX2 path skips its clamp of the arguments on those rows (see `avx2::exp2_shifted_ps`) and
+/// keeps it on the rest (a causal diagonal's masked rows). The result is unspecified for rows
+/// said to be within the bound that are not.
+pub(crate) fn exp2_shifted_panel_bounded(
+    x: &mut [f32],
+    shift: &[f32; LANES],
+    rows: usize,
+) -> [f32; LANES] {
+    let (within, rest) = x.split_at_mut((rows * LANES).min(x.len()));
+    let mut sums = [0f32; LANES];
+    for (part, bounded) in [(within, true), (rest, false)] {
+        if !part.is_empty() {
+            for (s, x) in sums.iter_mut().zip(shifted_panel(part, shift, bounded)) {
+                *s += x;
+            }
+        }
+    }
+    sums
 }
 
 /// Whether scores whose lanes' minima are `min` lie within the bound of
@@ -261,7 +275,7 @@ mod tests {
                 assert!(within_exp_bound(&min, &shift), "{base}");
                 let (mut clamped, mut bounded) = (orig.clone(), orig.clone());
                 let sums = exp2_shifted_panel(&mut clamped, &shift);
-                let bounded_sums = exp2_shifted_panel_bounded(&mut bounded, &shift);
+                let bounded_sums = exp2_shifted_panel_bounded(&mut bounded, &shift, rows);
                 assert_eq!(
                     sums.map(f32::to_bits),
                     bounded_sums.map(f32::to_bits),

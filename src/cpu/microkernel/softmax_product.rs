@@ -18,7 +18,7 @@
 #[cfg(target_arch = "x86_64")]
 use super::{Block, check_ab, check_c};
 use super::{ColMax, PANEL, PairOffsets, PanelStrides, product};
-use crate::cpu::exp::{exp2_shifted_panel, exp2_shifted_panel_bounded};
+use crate::cpu::exp::exp2_shifted_panel_bounded;
 use crate::cpu::matmul::Write;
 use crate::cpu::simd::{Simd, cpu_simd};
 
@@ -106,21 +106,7 @@ pub(super) fn product_exp<const W: usize>(
         return sums;
     }
     for (w, sum) in sums.iter_mut().enumerate() {
-        let panel = &mut b[w * pair.b..][..k * PANEL];
-        let (within, rest) = panel.split_at_mut(bounded[w].min(k) * PANEL);
-        for (part, bounded) in [(within, true), (rest, false)] {
-            if part.is_empty() {
-                continue;
-            }
-            let part_sum = if bounded {
-                exp2_shifted_panel_bounded(part, &shift[w])
-            } else {
-                exp2_shifted_panel(part, &shift[w])
-            };
-            for (s, x) in sum.iter_mut().zip(part_sum) {
-                *s += x;
-            }
-        }
+        *sum = exp2_shifted_panel_bounded(&mut b[w * pair.b..][..k * PANEL], &shift[w], bounded[w]);
     }
     product::<W>(simd, c, a, b, rows, k, st, pair, Write::Accumulate);
     sums
