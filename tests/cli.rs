@@ -203,6 +203,40 @@ fn bench_rounds_and_the_gemm_ceiling() {
 }
 
 #[test]
+fn bench_pairs_causal_with_full_calls() {
+    let mut args = vec!["bench", "--seqlens", "64", "--paired", "5", "--no-standard"];
+    args.extend(SMALL);
+    let o = flashattn(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    let head = text
+        .lines()
+        .position(|l| l.starts_with("causal against full") && l.contains("5 interleaved pairs"))
+        .unwrap_or_else(|| panic!("no paired table in\n{text}"));
+    // The heading, the column names, a rule, then one row: forward f32 1 2 64 64 16 r lo-hi.
+    let row: Vec<&str> = text
+        .lines()
+        .nth(head + 3)
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        row[..7],
+        ["forward", "f32", "1", "2", "64", "64", "16"],
+        "{text}"
+    );
+    let ratio: f64 = row[7].parse().unwrap();
+    let (lo, hi) = row[8].split_once('-').unwrap();
+    let (lo, hi): (f64, f64) = (lo.parse().unwrap(), hi.parse().unwrap());
+    assert!(ratio > 0.0 && lo <= ratio && ratio <= hi, "{text}");
+    let o = flashattn(&["bench", "--paired", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = flashattn(&["bench", "--paired", "2", "--device", "cuda"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--paired"), "{}", stderr(&o));
+}
+
+#[test]
 fn bench_times_key_lengths_apart_from_query_lengths() {
     let dir = Dir::new();
     let json = dir.path("k.json");

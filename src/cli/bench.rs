@@ -12,7 +12,7 @@ use super::inputs::{Config, Inputs};
 use super::memory::{self, human};
 use super::table::Table;
 use super::timing::{self, Extra, Measurement, measure};
-use super::{CliResult, device, fail, json, output, plot};
+use super::{CliResult, device, fail, json, output, paired, plot};
 
 /// Forward or backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -338,10 +338,16 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
         plot::check_extension(p)?;
     }
     let configs = configs(a);
+    let paired_configs = if a.paired.is_some() {
+        paired::configs(a)
+    } else {
+        Vec::new()
+    };
     if let Some(note) = timing::load_note() {
         eprintln!("note: {note}");
     }
-    let bar = ProgressBar::new(configs.len() as u64 * u64::from(a.rounds));
+    let steps = configs.len() * a.rounds as usize + paired_configs.len();
+    let bar = ProgressBar::new(steps as u64);
     bar.set_style(
         ProgressStyle::with_template(
             "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}",
@@ -350,10 +356,14 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
     );
     // Ticks on its own so the clock moves during long configurations.
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
-    let swept = sweep(a, &configs, &bar);
+    let swept = sweep(a, &configs, &bar).and_then(|s| {
+        let pairs = a.paired.unwrap_or(0);
+        Ok((s, paired::measure(a, pairs, &paired_configs, &bar)?))
+    });
     bar.finish_and_clear();
-    let Sweep { rows, gemm_gflops } = swept?;
+    let (Sweep { rows, gemm_gflops }, paired_rows) = swept?;
     print!("{}", render(&rows, a, gemm_gflops));
+    print!("{}", paired::render(&paired_rows));
     for line in device::compile_report(a.device)? {
         println!("kernel {line}");
     }

@@ -14,6 +14,7 @@ mod json;
 mod memory;
 mod npy;
 mod output;
+mod paired;
 mod plot;
 mod run;
 mod table;

@@ -1,0 +1,203 @@
+//! `flashattn bench --paired P`: causal against full attention, call for call.
+//!
+//! The issue's second target, causal as fast per FLOP as full, compares two rates. Timed apart,
+//! each the fastest of a few calls, they drift by a few percent from one run to the next on a
+//! shared machine whose clock moves (the 2-vCPU Zen 1 VM of 2026-11-29: % GEMM of the same
+//! build 85.0–86.9 causal and 86.7–94.1 full over five runs). Here the two masks' calls
+//! alternate in one loop, so that a slow spell weighs on both: each pair of calls gives the ratio
+//! of causal's time per visible (query, key) pair to full's, and the table gives the median and
+//! the quartiles of those ratios. On that VM the median of 40 pairs moved by under 1% from run
+//! to run (forward, f32, B=1, H=8, D=64, N=1024).
+
+use std::time::Instant;
+
+use indicatif::ProgressBar;
+
+use super::args::{BenchArgs, PassChoice};
+use super::bench::Pass;
+use super::inputs::{Config, Inputs};
+use super::table::Table;
+use super::{CliResult, fail};
+
+/// One configuration's ratios: causal's time per visible pair over full's.
+#[derive(Clone, Debug)]
+pub struct PairedRow {
+    pub pass: Pass,
+    /// The full-attention configuration (the causal one differs by its mask alone).
+    pub config: Config,
+    /// Quartiles of the ratios over the pairs of calls: lower, median, upper.
+    pub quartiles: [f64; 3],
+    /// Pairs of calls timed.
+    pub pairs: u32,
+}
+
+/// The configurations `--paired` times: every pass, dtype, head dim and sequence length of
+/// the sweep, each as the full-attention configuration.
+pub fn configs(a: &BenchArgs) -> Vec<(Pass, Config)> {
+    let passes: &[Pass] = match a.pass {
+        PassChoice::Forward => &[Pass::Forward],
+        PassChoice::Backward => &[Pass::Backward],
+        PassChoice::Both => &[Pass::Forward, Pass::Backward],
+    };
+    let mut out = Vec::new();
+    for &t in &a.dtype {
+        for &d in &a.head_dims {
+            for &pass in passes {
+                for &n in &a.seqlens {
+                    for &nk in a.seqlens_k.as_deref().unwrap_or(&[n]) {
+                        let cfg = Config::new(a.batch, a.heads, n, d)
+                            .seqlens(n, nk)
+                            .kv_heads(a.heads_kv.unwrap_or(a.heads))
+                            .dtype(t);
+                        out.push((pass, cfg));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A method's call, timed: runs it once and returns the seconds it took.
+type TimedCall<'a> = Box<dyn FnMut() -> CliResult<f64> + 'a>;
+
+/// One call of `pass` on `x`, writing into results made by an untimed first call (as the
+/// sweep's timings do), and the visible (query, key) pairs of one call.
+fn timed_call(x: &Inputs, pass: Pass) -> CliResult<(TimedCall<'_>, f64)> {
+    let pairs = flashattn::problem::Problem::new(&x.q, &x.k, &x.v, &x.p)?.forward_flops();
+    let call: TimedCall<'_> = match pass {
+        Pass::Forward => {
+            let mut f = flashattn::forward(&x.q, &x.k, &x.v, &x.p)?;
+            Box::new(move || {
+                let t = Instant::now();
+                flashattn::forward_into(&x.q, &x.k, &x.v, &x.p, &mut f.out, &mut f.lse)?;
+                Ok(t.elapsed().as_secs_f64())
+            })
+        }
+        Pass::Backward => {
+            let f = flashattn::forward(&x.q, &x.k, &x.v, &x.p)?;
+            let mut g = flashattn::backward(&x.q, &x.k, &x.v, &f.out, &f.lse, &x.dout, &x.p)?;
+            Box::new(move || {
+                let t = Instant::now();
+                flashattn::backward_into(&x.q, &x.k, &x.v, &f.out, &f.lse, &x.dout, &x.p, &mut g)?;
+                Ok(t.elapsed().as_secs_f64())
+            })
+        }
+    };
+    Ok((call, pairs))
+}
+
+/// Times `pairs` pairs of calls of each configuration (full first in even pairs, causal first
+/// in odd ones), advancing `bar` by one per configuration.
+pub fn measure(
+    a: &BenchArgs,
+    pairs: u32,
+    configs: &[(Pass, Config)],
+    bar: &ProgressBar,
+) -> CliResult<Vec<PairedRow>> {
+    let mut rows = Vec::new();
+    for (i, (pass, cfg)) in configs.iter().enumerate() {
+        bar.set_message(format!("paired {} {}", pass.name(), cfg.describe()));
+        let seed = a.seed + i as u64;
+        let (full, causal) = (cfg.inputs(seed)?, cfg.clone().causal().inputs(seed)?);
+        let (mut full_call, full_work) = timed_call(&full, *pass)?;
+        let (mut causal_call, causal_work) = timed_call(&causal, *pass)?;
+        let mut ratios = Vec::with_capacity(pairs as usize);
+        for k in 0..pairs {
+            let (t_full, t_causal) = if k % 2 == 0 {
+                let t = full_call()?;
+                (t, causal_call()?)
+            } else {
+                let t = causal_call()?;
+                (full_call()?, t)
+            };
+            ratios.push(per_pair_ratio((t_causal, causal_work), (t_full, full_work)));
+        }
+        let quartiles = quartiles(ratios).ok_or_else(|| fail("--paired: no pairs timed"))?;
+        rows.push(PairedRow {
+            pass: *pass,
+            config: cfg.clone(),
+            quartiles,
+            pairs,
+        });
+        bar.inc(1);
+    }
+    Ok(rows)
+}
+
+/// Causal's time per unit of work over full's, each given as (seconds, work).
+fn per_pair_ratio((t_causal, causal): (f64, f64), (t_full, full): (f64, f64)) -> f64 {
+    (t_causal / causal) / (t_full / full)
+}
+
+/// The lower quartile, the median and the upper quartile of `v` (nearest rank), or `None`
+/// when it is empty.
+fn quartiles(mut v: Vec<f64>) -> Option<[f64; 3]> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    Some([at(0.25), at(0.5), at(0.75)])
+}
+
+/// The table of ratios, with its heading.
+pub fn render(rows: &[PairedRow]) -> String {
+    let Some(first) = rows.first() else {
+        return String::new();
+    };
+    let mut t = Table::new(&[
+        "pass",
+        "dtype",
+        "B",
+        "H",
+        "N",
+        "Nk",
+        "D",
+        "causal/full",
+        "quartiles",
+    ]);
+    for r in rows {
+        let c = &r.config;
+        let [lo, mid, hi] = r.quartiles;
+        t.push(vec![
+            r.pass.name().to_string(),
+            c.dtype.to_string(),
+            c.batch.to_string(),
+            if c.heads == c.heads_kv {
+                c.heads.to_string()
+            } else {
+                format!("{}/{}", c.heads, c.heads_kv)
+            },
+            c.nq.to_string(),
+            c.nk.to_string(),
+            c.d.to_string(),
+            format!("{mid:.3}"),
+            format!("{lo:.3}-{hi:.3}"),
+        ]);
+    }
+    format!(
+        "causal against full, time per visible (query, key) pair, {} interleaved pairs of \
+         calls: median ratio and quartiles (1.000 = as fast per FLOP)\n{}",
+        first.pairs,
+        t.render()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratios_are_per_visible_pair_and_quartiles_by_rank() {
+        // Causal does half the work in 0.55 of the time: 1.1 times full's time per pair.
+        let r = per_pair_ratio((0.55, 1.0), (1.0, 2.0));
+        assert!((r - 1.1).abs() < 1e-12, "{r}");
+        assert_eq!(quartiles(vec![]), None);
+        assert_eq!(quartiles(vec![2.0]), Some([2.0; 3]));
+        assert_eq!(
+            quartiles(vec![5.0, 1.0, 4.0, 2.0, 3.0]),
+            Some([2.0, 3.0, 4.0])
+        );
+    }
+}
