@@ -87,6 +87,11 @@ fn configs(a: &BenchArgs) -> Vec<(Pass, Config)> {
         CausalChoice::Yes => &[true],
         CausalChoice::Both => &[false, true],
     };
+    configs_with(a, causal)
+}
+
+/// The sweep's configurations with each mask of `causal` (true: causal), in table order.
+pub fn configs_with(a: &BenchArgs, causal: &[bool]) -> Vec<(Pass, Config)> {
     let passes: &[Pass] = match a.pass {
         PassChoice::Forward => &[Pass::Forward],
         PassChoice::Backward => &[Pass::Backward],
@@ -339,7 +344,7 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
     }
     let configs = configs(a);
     let paired_configs = if a.paired.is_some() {
-        paired::configs(a)
+        configs_with(a, &[false])
     } else {
         Vec::new()
     };

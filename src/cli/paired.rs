@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use indicatif::ProgressBar;
 
-use super::args::{BenchArgs, PassChoice};
+use super::args::BenchArgs;
 use super::bench::Pass;
 use super::inputs::{Config, Inputs};
 use super::table::Table;
@@ -31,40 +31,14 @@ pub struct PairedRow {
     pub pairs: u32,
 }
 
-/// The configurations `--paired` times: every pass, dtype, head dim and sequence length of
-/// the sweep, each as the full-attention configuration.
-pub fn configs(a: &BenchArgs) -> Vec<(Pass, Config)> {
-    let passes: &[Pass] = match a.pass {
-        PassChoice::Forward => &[Pass::Forward],
-        PassChoice::Backward => &[Pass::Backward],
-        PassChoice::Both => &[Pass::Forward, Pass::Backward],
-    };
-    let mut out = Vec::new();
-    for &t in &a.dtype {
-        for &d in &a.head_dims {
-            for &pass in passes {
-                for &n in &a.seqlens {
-                    for &nk in a.seqlens_k.as_deref().unwrap_or(&[n]) {
-                        let cfg = Config::new(a.batch, a.heads, n, d)
-                            .seqlens(n, nk)
-                            .kv_heads(a.heads_kv.unwrap_or(a.heads))
-                            .dtype(t);
-                        out.push((pass, cfg));
-                    }
-                }
-            }
-        }
-    }
-    out
-}
-
 /// A method's call, timed: runs it once and returns the seconds it took.
 type TimedCall<'a> = Box<dyn FnMut() -> CliResult<f64> + 'a>;
 
 /// One call of `pass` on `x`, writing into results made by an untimed first call (as the
-/// sweep's timings do), and the visible (query, key) pairs of one call.
+/// sweep's timings do), and the work of one call: its forward FLOPs, in proportion to the
+/// (query, key) pairs its mask lets it see.
 fn timed_call(x: &Inputs, pass: Pass) -> CliResult<(TimedCall<'_>, f64)> {
-    let pairs = flashattn::problem::Problem::new(&x.q, &x.k, &x.v, &x.p)?.forward_flops();
+    let work = flashattn::problem::Problem::new(&x.q, &x.k, &x.v, &x.p)?.forward_flops();
     let call: TimedCall<'_> = match pass {
         Pass::Forward => {
             let mut f = flashattn::forward(&x.q, &x.k, &x.v, &x.p)?;
@@ -84,11 +58,12 @@ fn timed_call(x: &Inputs, pass: Pass) -> CliResult<(TimedCall<'_>, f64)> {
             })
         }
     };
-    Ok((call, pairs))
+    Ok((call, work))
 }
 
-/// Times `pairs` pairs of calls of each configuration (full first in even pairs, causal first
-/// in odd ones), advancing `bar` by one per configuration.
+/// Times `pairs` pairs of calls of each full-attention configuration and of the same with a
+/// causal mask (full first in even pairs, causal first in odd ones), advancing `bar` by one per
+/// configuration.
 pub fn measure(
     a: &BenchArgs,
     pairs: u32,
