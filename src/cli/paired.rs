@@ -1,13 +1,14 @@
 //! `flashattn bench --paired P`: causal against full attention, call for call.
 //!
 //! The second target, causal as fast per FLOP as full, compares two rates. Timed apart,
-//! each the fastest of a few calls, they drift by a few percent from one run to the next on a
-//! shared machine whose clock moves (the 2-vCPU Zen 1 VM of 2026-11-29: % GEMM of the same
-//! build 85.0–86.9 causal and 86.7–94.1 full over five runs). Here the two masks' calls
-//! alternate in one loop, so that a slow spell weighs on both: each pair of calls gives the ratio
-//! of causal's time per visible (query, key) pair to full's, and the table gives the median and
-//! the quartiles of those ratios. On that VM the median of 40 pairs moved by under 1% from run
-//! to run (forward, f32, B=1, H=8, D=64, N=1024).
+//! each the fastest of a few calls, they drift by several percent from one run to the next on a
+//! shared machine whose clock moves: on the 2-vCPU Zen 1 VM of 2026-11-29, six one-thread runs
+//! of `bench --seqlens 1024 --gemm` within an hour (four with the `profile` feature) gave
+//! 85.0–86.9% of the sgemm causal and 86.7–94.1% full. Here the two masks' calls alternate in
+//! one loop, so that a slow spell weighs on both: each pair of calls gives the ratio of causal's
+//! time per visible (query, key) pair to full's, and the table gives the median and the
+//! quartiles of those ratios. On that VM (forward, f32, B=1, H=8, D=64, N=1024) the median was
+//! 1.056 and 1.058 in two one-thread runs of 40 pairs, 1.052–1.066 in four two-thread runs of 60.
 
 use std::time::Instant;
 
