@@ -430,11 +430,7 @@ fn render(rows: &[Row], a: &BenchArgs, gemm_gflops: Option<f64>) -> String {
             if c.is_causal() { "causal" } else { "full" }.to_string(),
             c.dtype.to_string(),
             c.batch.to_string(),
-            if c.heads == c.heads_kv {
-                c.heads.to_string()
-            } else {
-                format!("{}/{}", c.heads, c.heads_kv)
-            },
+            c.heads_label(),
             c.nq.to_string(),
         ];
         if keys {

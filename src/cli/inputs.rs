@@ -120,6 +120,15 @@ impl Config {
         self.window == Window::CAUSAL
     }
 
+    /// The heads as a table shows them: `8`, or `8/2` (query/key-value heads) under GQA/MQA.
+    pub fn heads_label(&self) -> String {
+        if self.heads == self.heads_kv {
+            self.heads.to_string()
+        } else {
+            format!("{}/{}", self.heads, self.heads_kv)
+        }
+    }
+
     /// A short description: `causal B=2 H=8 N=1000 D=64 f32`, with whatever else is set.
     pub fn describe(&self) -> String {
         let mut parts = Vec::new();

@@ -140,11 +140,7 @@ pub fn render(rows: &[PairedRow]) -> String {
             r.pass.name().to_string(),
             c.dtype.to_string(),
             c.batch.to_string(),
-            if c.heads == c.heads_kv {
-                c.heads.to_string()
-            } else {
-                format!("{}/{}", c.heads, c.heads_kv)
-            },
+            c.heads_label(),
             c.nq.to_string(),
             c.nk.to_string(),
             c.d.to_string(),
