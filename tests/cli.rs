@@ -204,8 +204,11 @@ fn bench_rounds_and_the_gemm_ceiling() {
 
 #[test]
 fn bench_pairs_causal_with_full_calls() {
+    let dir = Dir::new();
+    let json = dir.path("p.json");
     let mut args = vec!["bench", "--seqlens", "64", "--paired", "5", "--no-standard"];
     args.extend(SMALL);
+    args.extend(["--json", s(&json)]);
     let o = flashattn(&args);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
@@ -229,6 +232,31 @@ fn bench_pairs_causal_with_full_calls() {
     let (lo, hi) = row[8].split_once('-').unwrap();
     let (lo, hi): (f64, f64) = (lo.parse().unwrap(), hi.parse().unwrap());
     assert!(ratio > 0.0 && lo <= ratio && ratio <= hi, "{text}");
+    // The JSON holds the same figures in a record of its own; the others have none.
+    let records: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(records.len(), 2 * 2 + 1, "masks x methods, and the pair");
+    let pair = &records[records.len() - 1];
+    assert_eq!(
+        (&pair["method"], &pair["causal"], &pair["pairs"]),
+        (&"paired".into(), &true.into(), &5.into()),
+        "{pair}"
+    );
+    let median = pair["causal_over_full"].as_f64().unwrap();
+    let q = &pair["causal_over_full_quartiles"];
+    assert!((median - ratio).abs() <= 5e-4, "{pair} against {ratio}");
+    assert!((q[0].as_f64().unwrap() - lo).abs() <= 5e-4, "{pair}");
+    assert!((q[1].as_f64().unwrap() - hi).abs() <= 5e-4, "{pair}");
+    assert!(
+        pair["time_ms"].is_null() && pair["gflops"].is_null(),
+        "{pair}"
+    );
+    for r in &records[..records.len() - 1] {
+        assert!(
+            r["causal_over_full"].is_null() && r["pairs"].is_null(),
+            "{r}"
+        );
+    }
     let o = flashattn(&["bench", "--paired", "0"]);
     assert_eq!(o.status.code(), Some(2));
     let o = flashattn(&["bench", "--paired", "2", "--device", "cuda"]);

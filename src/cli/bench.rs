@@ -377,7 +377,7 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
         print!("{profile}");
     }
     if let Some(path) = &a.json {
-        json::write(path, &rows)?;
+        json::write(path, &rows, &paired_rows)?;
         println!("wrote {}", path.display());
     }
     if let Some(path) = &a.plot {
