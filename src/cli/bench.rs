@@ -121,7 +121,9 @@ pub fn configs_with(a: &BenchArgs, causal: &[bool]) -> Vec<(Pass, Config)> {
     out
 }
 
-fn forward_flops(x: &Inputs, pass: Pass) -> CliResult<(Problem, f64)> {
+/// The problem of `x`, and the FLOPs of one call of `pass` on it (the backward's counted as
+/// [`BACKWARD_FLOP_FACTOR`] forwards).
+pub fn forward_flops(x: &Inputs, pass: Pass) -> CliResult<(Problem, f64)> {
     let p = Problem::new(&x.q, &x.k, &x.v, &x.p)?;
     let f = p.forward_flops();
     let f = match pass {
@@ -131,31 +133,42 @@ fn forward_flops(x: &Inputs, pass: Pass) -> CliResult<(Problem, f64)> {
     Ok((p, f))
 }
 
-/// Times flashattn. Each timed call writes into the results of the untimed first call
-/// (`forward_into`, `backward_into`), as a training or inference loop would, so the time and
-/// the extra memory leave out allocating and first touching the outputs (what PyTorch's caching
-/// allocator spares its calls too).
-fn run_flash(x: &Inputs, pass: Pass, dev: Device, repeats: u32) -> CliResult<Measurement> {
-    let (_, flops) = forward_flops(x, pass)?;
-    let on = device::upload(x, dev)?;
-    let (q, k, v, p) = (&on.q, &on.k, &on.v, &on.p);
-    match pass {
+/// One flashattn call of `pass` on `x`, ready to repeat.
+pub type FlashCall<'a> = Box<dyn FnMut() -> CliResult<()> + 'a>;
+
+/// flashattn's `pass` on `x` as a call to repeat: the untimed first call (`forward`,
+/// `backward`) makes the results that each later call writes into (`forward_into`,
+/// `backward_into`), as a training or inference loop would, so that timing it leaves out
+/// allocating and first touching the outputs (what PyTorch's caching allocator spares its calls
+/// too).
+pub fn flash_call(x: &Inputs, pass: Pass) -> CliResult<FlashCall<'_>> {
+    let (q, k, v, p) = (&x.q, &x.k, &x.v, &x.p);
+    Ok(match pass {
         Pass::Forward => {
             let mut f = flashattn::forward(q, k, v, p)?;
-            measure(dev, repeats, flops, || {
-                flashattn::forward_into(q, k, v, p, &mut f.out, &mut f.lse)?;
-                Ok(Vec::new())
-            })
+            Box::new(move || Ok(flashattn::forward_into(q, k, v, p, &mut f.out, &mut f.lse)?))
         }
         Pass::Backward => {
             let f = flashattn::forward(q, k, v, p)?;
-            let mut g = flashattn::backward(q, k, v, &f.out, &f.lse, &on.dout, p)?;
-            measure(dev, repeats, flops, || {
-                flashattn::backward_into(q, k, v, &f.out, &f.lse, &on.dout, p, &mut g)?;
-                Ok(Vec::new())
+            let mut g = flashattn::backward(q, k, v, &f.out, &f.lse, &x.dout, p)?;
+            Box::new(move || {
+                Ok(flashattn::backward_into(
+                    q, k, v, &f.out, &f.lse, &x.dout, p, &mut g,
+                )?)
             })
         }
-    }
+    })
+}
+
+/// Times flashattn's calls (see [`flash_call`]).
+fn run_flash(x: &Inputs, pass: Pass, dev: Device, repeats: u32) -> CliResult<Measurement> {
+    let (_, flops) = forward_flops(x, pass)?;
+    let on = device::upload(x, dev)?;
+    let mut call = flash_call(&on, pass)?;
+    measure(dev, repeats, flops, || {
+        call()?;
+        Ok(Vec::new())
+    })
 }
 
 /// The standard attention where flashattn runs (on a GPU: the library's cuBLAS baseline).

@@ -6,8 +6,7 @@ use std::path::Path;
 use flashattn::Device;
 use serde::Serialize;
 
-use super::bench::Pass;
-use super::bench::{Row, StandardOutcome};
+use super::bench::{Pass, Row, StandardOutcome};
 use super::inputs::Config;
 use super::output::write_bytes_atomic;
 use super::paired::PairedRow;

@@ -15,8 +15,8 @@ use std::time::Instant;
 use indicatif::ProgressBar;
 
 use super::args::BenchArgs;
-use super::bench::Pass;
-use super::inputs::{Config, Inputs};
+use super::bench::{FlashCall, Pass, flash_call, forward_flops};
+use super::inputs::Config;
 use super::table::Table;
 use super::{CliResult, fail};
 
@@ -30,36 +30,6 @@ pub struct PairedRow {
     pub quartiles: [f64; 3],
     /// Pairs of calls timed.
     pub pairs: u32,
-}
-
-/// A method's call, timed: runs it once and returns the seconds it took.
-type TimedCall<'a> = Box<dyn FnMut() -> CliResult<f64> + 'a>;
-
-/// One call of `pass` on `x`, writing into results made by an untimed first call (as the
-/// sweep's timings do), and the work of one call: its forward FLOPs, in proportion to the
-/// (query, key) pairs its mask lets it see.
-fn timed_call(x: &Inputs, pass: Pass) -> CliResult<(TimedCall<'_>, f64)> {
-    let work = flashattn::problem::Problem::new(&x.q, &x.k, &x.v, &x.p)?.forward_flops();
-    let call: TimedCall<'_> = match pass {
-        Pass::Forward => {
-            let mut f = flashattn::forward(&x.q, &x.k, &x.v, &x.p)?;
-            Box::new(move || {
-                let t = Instant::now();
-                flashattn::forward_into(&x.q, &x.k, &x.v, &x.p, &mut f.out, &mut f.lse)?;
-                Ok(t.elapsed().as_secs_f64())
-            })
-        }
-        Pass::Backward => {
-            let f = flashattn::forward(&x.q, &x.k, &x.v, &x.p)?;
-            let mut g = flashattn::backward(&x.q, &x.k, &x.v, &f.out, &f.lse, &x.dout, &x.p)?;
-            Box::new(move || {
-                let t = Instant::now();
-                flashattn::backward_into(&x.q, &x.k, &x.v, &f.out, &f.lse, &x.dout, &x.p, &mut g)?;
-                Ok(t.elapsed().as_secs_f64())
-            })
-        }
-    };
-    Ok((call, work))
 }
 
 /// Times `pairs` pairs of calls of each full-attention configuration and of the same with a
@@ -76,16 +46,25 @@ pub fn measure(
         bar.set_message(format!("paired {} {}", pass.name(), cfg.describe()));
         let seed = a.seed + i as u64;
         let (full, causal) = (cfg.inputs(seed)?, cfg.clone().causal().inputs(seed)?);
-        let (mut full_call, full_work) = timed_call(&full, *pass)?;
-        let (mut causal_call, causal_work) = timed_call(&causal, *pass)?;
+        let (full_work, causal_work) = (
+            forward_flops(&full, *pass)?.1,
+            forward_flops(&causal, *pass)?.1,
+        );
+        let (mut full_call, mut causal_call) =
+            (flash_call(&full, *pass)?, flash_call(&causal, *pass)?);
+        let timed = |call: &mut FlashCall<'_>| -> CliResult<f64> {
+            let t = Instant::now();
+            call()?;
+            Ok(t.elapsed().as_secs_f64())
+        };
         let mut ratios = Vec::with_capacity(pairs as usize);
         for k in 0..pairs {
             let (t_full, t_causal) = if k % 2 == 0 {
-                let t = full_call()?;
-                (t, causal_call()?)
+                let t = timed(&mut full_call)?;
+                (t, timed(&mut causal_call)?)
             } else {
-                let t = causal_call()?;
-                (full_call()?, t)
+                let t = timed(&mut causal_call)?;
+                (timed(&mut full_call)?, t)
             };
             ratios.push(per_pair_ratio((t_causal, causal_work), (t_full, full_work)));
         }
@@ -101,7 +80,8 @@ pub fn measure(
     Ok(rows)
 }
 
-/// Causal's time per unit of work over full's, each given as (seconds, work).
+/// Causal's time per unit of work over full's, each given as (seconds, work): the work being
+/// FLOPs, in proportion to the (query, key) pairs a mask lets a call see.
 fn per_pair_ratio((t_causal, causal): (f64, f64), (t_full, full): (f64, f64)) -> f64 {
     (t_causal / causal) / (t_full / full)
 }
