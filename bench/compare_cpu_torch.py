@@ -3,17 +3,17 @@
 machine.
 
 Times torch.nn.functional.scaled_dot_product_attention forced to the CPU flash-attention backend
-(sdpa_kernel(SDPBackend.FLASH_ATTENTION)) on --threads threads, and the release CLI
-(`flashattn bench --json`, its rayon pool set to the same number of threads by RAYON_NUM_THREADS)
-on the same shapes: f32, B=1, H=8, D=64, N in {1024, 4096}, causal and not; the forward, the
-backward or both (--pass). q, k, v are fresh
-random values (torch.randn; the CLI draws its own from --seed) stored as [B, N, H, D], the CLI's
-default layout; torch gets the transposed [B, H, N, D] view of that memory (--contiguous: a
-contiguous [B, H, N, D] copy instead). Once per shape the torch flash output is checked against
-the math backend (max abs error; for the backward, of dq, dk and dv against the math backend's
-gradients for the same random dout), so the flash kernel is known to have run and to be right.
-torch's backward is timed as torch.autograd.grad of one retained forward graph (its flash
-backward kernel, no forward), as the CLI's --pass backward times only the backward.
+(sdpa_kernel(SDPBackend.FLASH_ATTENTION)) on --threads threads, and the release CLI (`flashattn
+bench --json`, its rayon pool set to the same number of threads by RAYON_NUM_THREADS) on the same
+shapes: f32, B=1, H=8, D=64, N in {1024, 4096}, causal and not; the forward, the backward or both
+(--pass). q, k, v are fresh random values (torch.randn; the CLI draws its own from --seed) stored as
+[B, N, H, D], the CLI's default layout; torch gets the transposed [B, H, N, D] view of that memory
+(--contiguous: both take contiguous [B, H, N, D] tensors, the CLI by its --layout bhnd). Once per
+shape the torch flash output is checked against the math backend (max abs error; for the backward,
+of dq, dk and dv against the math backend's gradients for the same random dout), so the flash kernel
+is known to have run and to be right. torch's backward is timed as torch.autograd.grad of one
+retained forward graph (its flash backward kernel, no forward), as the CLI's --pass backward times
+only the backward.
 
 The methods are interleaved shape by shape, torch first in even rounds and flashattn first in odd
 ones (--rounds), and the same run times torch.matmul on a 1024x1024x1024 f32 GEMM each round as
@@ -59,7 +59,8 @@ def parse_args():
     p.add_argument("--rounds", type=int, default=3, help="repetitions of the interleaved sweep")
     p.add_argument("--gemm-size", type=int, default=1024, help="M = N = K of the ceiling GEMM")
     p.add_argument("--contiguous", action="store_true",
-                   help="give torch contiguous [B, H, N, D] tensors instead of the [B, N, H, D] view")
+                   help="store q, k, v as contiguous [B, H, N, D] on both sides (flashattn "
+                        "--layout bhnd) instead of [B, N, H, D]")
     p.add_argument("--json", help="write every figure here")
     return p.parse_args()
 
@@ -142,7 +143,8 @@ def run_flashattn(args, n, causal, pass_, seed):
                "--seqlens", str(n), "--head-dims", str(args.head_dim), "--pass", pass_,
                "--causal", "yes" if causal else "no", "--batch", str(args.batch),
                "--heads", str(args.heads), "--repeats", str(args.samples), "--no-standard",
-               "--seed", str(seed), "--json", out]
+               "--seed", str(seed), "--json", out,
+               "--layout", "bhnd" if args.contiguous else "bnhd"]
         env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
         r = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if r.returncode != 0 or not os.path.exists(out):
@@ -197,9 +199,12 @@ def main():
     g = args.gemm_size
     gemm_rates = rates(2.0 * g ** 3, gemm["wall"], gemm["cpu"], args.threads)
     b, h, d = args.batch, args.heads, args.head_dim
-    layout = "contiguous [B, H, N, D]" if args.contiguous else "[B, N, H, D] memory, [B, H, N, D] view"
+    if args.contiguous:
+        layout = "contiguous [B, H, N, D] on both sides"
+    else:
+        layout = "stored [B, N, H, D] (torch: its [B, H, N, D] view)"
     print()
-    print(f"f32, B={b}, H={h}, D={d}; torch q/k/v {layout}, flashattn [B, N, H, D]; "
+    print(f"f32, B={b}, H={h}, D={d}; q/k/v {layout}; "
           f"{args.rounds} rounds x {args.samples} samples (torch after {args.warmup} warm-up "
           f"calls, flashattn after 1), FLOPs = 4*B*H*N^2*D (causal /2, backward x2.5)")
     print(f"f32 GEMM {g}x{g}x{g} (torch.matmul): fastest {gemm_rates['fastest']:.1f}, median "

@@ -265,6 +265,68 @@ fn bench_pairs_causal_with_full_calls() {
 }
 
 #[test]
+fn bench_times_each_layout() {
+    let dir = Dir::new();
+    let json = dir.path("l.json");
+    let mut args = vec!["bench", "--seqlens", "64", "--layout", "bnhd,bhnd"];
+    args.extend(["--causal", "no", "--no-standard", "--paired", "3"]);
+    args.extend(SMALL);
+    args.extend(["--json", s(&json)]);
+    let o = flashattn(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    // Both tables name the layout of each row: the sweep's `forward full f32 bhnd 1 2 64 ..`,
+    // the pairs' `forward f32 bhnd 1 2 64 ..`.
+    for layout in ["bnhd", "bhnd"] {
+        for row in [
+            format!("forward full f32 {layout} 1 2 64 "),
+            format!("forward f32 {layout} 1 2 64 "),
+        ] {
+            let found = text.lines().any(|l| {
+                l.split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" ")
+                    .starts_with(&row)
+            });
+            assert!(found, "no `{row}` row in\n{text}");
+        }
+    }
+    let records: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // (With --no-standard the standard attention's records say it was skipped.)
+    let layouts: Vec<(&str, &str)> = records
+        .iter()
+        .filter(|r| r["method"] != "standard")
+        .map(|r| (r["method"].as_str().unwrap(), r["layout"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        layouts,
+        [
+            ("flashattn", "bnhd"),
+            ("flashattn", "bhnd"),
+            ("paired", "bnhd"),
+            ("paired", "bhnd")
+        ]
+    );
+    // The default is FlashAttention's layout alone, with no column for it.
+    let mut args = vec![
+        "bench",
+        "--seqlens",
+        "64",
+        "--causal",
+        "no",
+        "--no-standard",
+    ];
+    args.extend(SMALL);
+    let o = flashattn(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("layout"), "{}", stdout(&o));
+    let o = flashattn(&["bench", "--layout", "nhd"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--layout"), "{}", stderr(&o));
+}
+
+#[test]
 fn bench_times_key_lengths_apart_from_query_lengths() {
     let dir = Dir::new();
     let json = dir.path("k.json");

@@ -176,6 +176,16 @@ pub enum Layout {
     Bhnd,
 }
 
+impl Layout {
+    /// `bnhd` or `bhnd`, as the command line spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Bnhd => "bnhd",
+            Layout::Bhnd => "bhnd",
+        }
+    }
+}
+
 /// Options of `flashattn check`.
 #[derive(Args, Debug)]
 pub struct CheckArgs {
@@ -302,6 +312,11 @@ pub struct BenchArgs {
     /// Which passes to time.
     #[arg(long, value_enum, default_value = "forward")]
     pub pass: PassChoice,
+    /// Memory layouts of q, k, v (and dout), comma separated: bnhd stores [batch, seqlen,
+    /// heads, head_dim] (FlashAttention's), bhnd [batch, heads, seqlen, head_dim] (PyTorch
+    /// SDPA's); each is timed with every other option.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "bnhd")]
+    pub layout: Vec<Layout>,
     /// Batch size.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
@@ -355,6 +370,7 @@ impl BenchArgs {
             causal: CausalChoice::Both,
             dtype: vec![DType::F32],
             pass: PassChoice::Forward,
+            layout: vec![Layout::Bnhd],
             batch: 1,
             heads: 8,
             heads_kv: None,

@@ -7,7 +7,7 @@ use flashattn::reference::ceiling::Sgemm;
 use flashattn::reference::standard;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::args::{BenchArgs, CausalChoice, PassChoice};
+use super::args::{BenchArgs, CausalChoice, Layout, PassChoice};
 use super::inputs::{Config, Inputs};
 use super::memory::{self, human};
 use super::table::Table;
@@ -97,23 +97,35 @@ pub fn configs_with(a: &BenchArgs, causal: &[bool]) -> Vec<(Pass, Config)> {
         PassChoice::Backward => &[Pass::Backward],
         PassChoice::Both => &[Pass::Forward, Pass::Backward],
     };
+    let lengths: Vec<(usize, usize)> = a
+        .seqlens
+        .iter()
+        .flat_map(|&n| {
+            let keys = a.seqlens_k.clone().unwrap_or_else(|| vec![n]);
+            keys.into_iter().map(move |nk| (n, nk))
+        })
+        .collect();
+    // The inner loops, outermost first: mask, pass, lengths.
+    let mut inner = Vec::new();
+    for &c in causal {
+        for &pass in passes {
+            inner.extend(lengths.iter().map(|&(n, nk)| (c, pass, n, nk)));
+        }
+    }
     let mut out = Vec::new();
     for &t in &a.dtype {
-        for &d in &a.head_dims {
-            for &c in causal {
-                for &pass in passes {
-                    for &n in &a.seqlens {
-                        for &nk in a.seqlens_k.as_deref().unwrap_or(&[n]) {
-                            let mut cfg = Config::new(a.batch, a.heads, n, d)
-                                .seqlens(n, nk)
-                                .kv_heads(a.heads_kv.unwrap_or(a.heads))
-                                .dtype(t);
-                            if c {
-                                cfg = cfg.causal();
-                            }
-                            out.push((pass, cfg));
-                        }
+        for &layout in &a.layout {
+            for &d in &a.head_dims {
+                for &(c, pass, n, nk) in &inner {
+                    let mut cfg = Config::new(a.batch, a.heads, n, d)
+                        .seqlens(n, nk)
+                        .kv_heads(a.heads_kv.unwrap_or(a.heads))
+                        .dtype(t)
+                        .layout(layout);
+                    if c {
+                        cfg = cfg.causal();
                     }
+                    out.push((pass, cfg));
                 }
             }
         }
@@ -425,7 +437,13 @@ fn render(rows: &[Row], a: &BenchArgs, gemm_gflops: Option<f64>) -> String {
     };
     // The key length gets a column of its own where it may differ from the query length.
     let keys = a.seqlens_k.is_some();
-    let mut head = vec!["pass", "mask", "dtype", "B", "H", "N"];
+    // So does the layout where it is not the default alone.
+    let layouts = a.layout != [Layout::Bnhd];
+    let mut head = vec!["pass", "mask", "dtype"];
+    if layouts {
+        head.push("layout");
+    }
+    head.extend(["B", "H", "N"]);
     if keys {
         head.push("Nk");
     }
@@ -442,10 +460,11 @@ fn render(rows: &[Row], a: &BenchArgs, gemm_gflops: Option<f64>) -> String {
             r.pass.name().to_string(),
             if c.is_causal() { "causal" } else { "full" }.to_string(),
             c.dtype.to_string(),
-            c.batch.to_string(),
-            c.heads_label(),
-            c.nq.to_string(),
         ];
+        if layouts {
+            cells.push(c.layout.name().to_string());
+        }
+        cells.extend([c.batch.to_string(), c.heads_label(), c.nq.to_string()]);
         if keys {
             cells.push(c.nk.to_string());
         }

@@ -20,6 +20,8 @@ struct Record {
     method: &'static str,
     device: String,
     dtype: &'static str,
+    /// Memory layout of q, k, v (and dout): `bnhd` or `bhnd`.
+    layout: &'static str,
     /// `forward` or `backward`.
     pass: &'static str,
     batch: usize,
@@ -71,6 +73,7 @@ fn config_record(c: &Config, pass: Pass, method: &'static str, device: String) -
         method,
         device,
         dtype: c.dtype.name(),
+        layout: c.layout.name(),
         pass: pass.name(),
         batch: c.batch,
         heads: c.heads,

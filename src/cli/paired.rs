@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use indicatif::ProgressBar;
 
-use super::args::BenchArgs;
+use super::args::{BenchArgs, Layout};
 use super::bench::{FlashCall, Pass, flash_call, forward_flops};
 use super::inputs::Config;
 use super::table::Table;
@@ -102,23 +102,22 @@ pub fn render(rows: &[PairedRow]) -> String {
     let Some(first) = rows.first() else {
         return String::new();
     };
-    let mut t = Table::new(&[
-        "pass",
-        "dtype",
-        "B",
-        "H",
-        "N",
-        "Nk",
-        "D",
-        "causal/full",
-        "quartiles",
-    ]);
+    // The layout gets a column where it is not the default alone.
+    let layouts = rows.iter().any(|r| r.config.layout != Layout::Bnhd);
+    let mut head = vec!["pass", "dtype"];
+    if layouts {
+        head.push("layout");
+    }
+    head.extend(["B", "H", "N", "Nk", "D", "causal/full", "quartiles"]);
+    let mut t = Table::new(&head);
     for r in rows {
         let c = &r.config;
         let [lo, mid, hi] = r.quartiles;
-        t.push(vec![
-            r.pass.name().to_string(),
-            c.dtype.to_string(),
+        let mut cells = vec![r.pass.name().to_string(), c.dtype.to_string()];
+        if layouts {
+            cells.push(c.layout.name().to_string());
+        }
+        cells.extend([
             c.batch.to_string(),
             c.heads_label(),
             c.nq.to_string(),
@@ -127,6 +126,7 @@ pub fn render(rows: &[PairedRow]) -> String {
             format!("{mid:.3}"),
             format!("{lo:.3}-{hi:.3}"),
         ]);
+        t.push(cells);
     }
     format!(
         "causal against full, time per visible (query, key) pair, {} interleaved pairs of \
