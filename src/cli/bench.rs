@@ -437,8 +437,8 @@ fn render(rows: &[Row], a: &BenchArgs, gemm_gflops: Option<f64>) -> String {
     };
     // The key length gets a column of its own where it may differ from the query length.
     let keys = a.seqlens_k.is_some();
-    // So does the layout where it is not the default alone.
-    let layouts = a.layout != [Layout::Bnhd];
+    // So does the layout where a row is not in the default one.
+    let layouts = rows.iter().any(|r| r.config.layout != Layout::Bnhd);
     let mut head = vec!["pass", "mask", "dtype"];
     if layouts {
         head.push("layout");

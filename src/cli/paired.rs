@@ -102,7 +102,7 @@ pub fn render(rows: &[PairedRow]) -> String {
     let Some(first) = rows.first() else {
         return String::new();
     };
-    // The layout gets a column where it is not the default alone.
+    // The layout gets a column where a row is not in the default one (as in the sweep's table).
     let layouts = rows.iter().any(|r| r.config.layout != Layout::Bnhd);
     let mut head = vec!["pass", "dtype"];
     if layouts {
