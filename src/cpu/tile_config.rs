@@ -93,6 +93,18 @@ const KEPT_HEAD_BYTES: usize = 2 << 20;
 /// causal, the tiles for its own L2 (512-query tasks copying each key block) at 87.3–87.7% and
 /// 82.6–82.8% (three interleaved runs of `flashattn bench --gemm --rounds 5`, sgemm 73–74
 /// GFLOP/s).
+///
+/// On such a core (less than 1 MiB of L2) strided K and V rows are also copied when the keys a
+/// task sees do not fit in the share of the L2's sets that their lines fall into (rows `s`
+/// floats apart of which `d` are read: about `d / s` of the sets). On the Zen 1 VM
+/// (2026-11-29, f32, D=64, `[B, N, H, D]`, % of the GEMM rate, `flashattn bench --gemm`, two or
+/// three interleaved runs), in place → copied: H=8 (an eighth of the sets, 64 KiB), full N=256
+/// 77.7–79.1 → 84.6–87.2, N=512 78.1–79.4 → 88.2–89.4, causal N=256 65.3–69.2 → 73.0–74.8, N=512
+/// 72.6–76.3 → 79.7–81.7; B=4 N=512 full 79.7–80.1 → 89.3–90.0, causal 73.9–74.2 → 81.4–81.7;
+/// N=1024 queries on 512 keys full 79.4–79.6 → 88.6–88.9; but N=64 full 71.0–71.7 → 67.6–68.2
+/// and N=128 causal 62.3–63.3 → 60.4–61.2, whose 32–64 KiB fit. H=4 (a quarter, 128 KiB): N=256
+/// full 87.9–88.2 → 86.2–86.3, N=512 88.1–88.4 → 89.6–90.2. The 1 MiB L2 of the Zen 4 and Zen 5
+/// VMs read such rows faster in place (above).
 pub(crate) fn forward_tiles(
     d: usize,
     dv: usize,
@@ -108,13 +120,22 @@ pub(crate) fn forward_tiles(
     let long = bytes(span.min(nk)) >= l2;
     let aliases = kv_strides.iter().any(|&s| aliases_in_l1(s));
     let strided = kv_strides.iter().any(|&s| s > d.max(dv));
+    // Rows `s` floats apart of which `w` are read fall into about `w / s` of the L2's sets; on a
+    // core with less than 1 MiB of L2 the keys a task sees are copied when they do not fit there.
+    let strided_l2 = kv_strides
+        .iter()
+        .zip([d, dv])
+        .map(|(&s, w)| l2 / (s / w.max(1)).max(1))
+        .min()
+        .unwrap_or(l2);
+    let crowded = l2 < DEFAULT_L2_BYTES && bytes(span.min(nk)) > strided_l2;
     // f16/bf16 key rows are converted to f32 by every task, or by every thread for heads it
     // keeps (see `forward`).
     let big = (long || aliases || !f32_inputs) && rows_per_thread >= 4 * 512;
     ForwardTiles {
         block_q: if big { MAX_BLOCK_Q } else { 128 },
         block_k,
-        pack_kv: aliases || (strided && (long || vendor == Vendor::Intel)),
+        pack_kv: aliases || (strided && (long || vendor == Vendor::Intel || crowded)),
         keep_kv: head_bytes <= KEPT_HEAD_BYTES,
     }
 }
@@ -241,8 +262,25 @@ mod tests {
         let small = (Vendor::Other, 512 << 10);
         let t = forward_tiles(64, 64, (1024, 1024), ([512; 2], true), MANY, small);
         assert_eq!((t.block_q, t.block_k, t.pack_kv), (512, 512, true));
-        let short = forward_tiles(64, 64, (512, 512), ([512; 2], true), MANY, small);
-        assert_eq!((short.block_q, short.pack_kv), (128, false));
+    }
+
+    #[test]
+    fn a_smaller_l2_packs_strided_rows_that_crowd_its_sets() {
+        let on = |l2: usize, n: usize, stride: usize| {
+            let rows = ([stride; 2], true);
+            forward_tiles(64, 64, (n, n), rows, MANY, (Vendor::Other, l2))
+        };
+        let small = 512 << 10;
+        // H = 8 (rows 512 floats apart, an eighth of the sets): 64 KiB of K and V fit.
+        assert!(!on(small, 128, 512).pack_kv);
+        let t = on(small, 256, 512);
+        assert_eq!((t.block_q, t.pack_kv, t.keep_kv), (128, true, true));
+        // H = 4 (a quarter of the sets): 128 KiB fit.
+        assert!(!on(small, 256, 256).pack_kv);
+        assert!(on(small, 512, 256).pack_kv);
+        // Rows one after the other, and a 1 MiB L2: read in place.
+        assert!(!on(small, 512, 64).pack_kv);
+        assert!(!on(L2, 512, 512).pack_kv);
     }
 
     #[test]
