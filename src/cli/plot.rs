@@ -9,6 +9,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
 
+use super::args::Layout;
 use super::bench::{Row, StandardOutcome};
 use super::output::write_bytes_atomic;
 use super::timing::Measurement;
@@ -50,7 +51,8 @@ pub fn check_extension(path: &Path) -> CliResult<()> {
     format_of(path).map(drop)
 }
 
-/// One line of the chart: a method on one (pass, dtype, head dim, mask) over sequence lengths.
+/// One line of the chart: a method on one (pass, dtype, head dim, mask, and key length or
+/// layout where those vary) over sequence lengths.
 struct Series {
     label: String,
     color: RGBColor,
@@ -65,6 +67,8 @@ fn series(rows: &[Row], gflops_per_unit: f64) -> Vec<Series> {
     // With key lengths apart from the query lengths (--seqlens-k), a line per key length over
     // the query lengths, the rows where the two happen to be equal included.
     let per_key_length = rows.iter().any(|r| r.config.nk != r.config.nq);
+    // A line per memory layout where a row is not in the default one (`bench --layout`).
+    let per_layout = rows.iter().any(|r| r.config.layout != Layout::Bnhd);
     for r in rows {
         let c = &r.config;
         let mut key = format!(
@@ -76,6 +80,9 @@ fn series(rows: &[Row], gflops_per_unit: f64) -> Vec<Series> {
         );
         if per_key_length {
             key += &format!(" Nk={}", c.nk);
+        }
+        if per_layout {
+            key += &format!(" {}", c.layout.name());
         }
         match groups.iter_mut().find(|g| g.0 == key) {
             Some(g) => g.1.push(r),
@@ -388,5 +395,31 @@ mod tests {
         ] {
             assert!(svg.contains(text), "`{text}` missing from the chart");
         }
+    }
+
+    #[test]
+    fn each_layout_is_a_line_of_its_own() {
+        let skipped = || StandardOutcome::Skipped("--no-standard".into());
+        let mut rows = vec![row(512, skipped()), row(1024, skipped())];
+        for n in [512, 1024] {
+            let mut r = row(n, skipped());
+            r.config = r.config.layout(Layout::Bhnd);
+            rows.push(r);
+        }
+        let lines: Vec<(String, usize)> = series(&rows, 1.0)
+            .iter()
+            .filter(|s| s.label.starts_with("flashattn"))
+            .map(|s| (s.label.clone(), s.points.len()))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                ("flashattn forward full D=64 f32 bnhd".to_string(), 2),
+                ("flashattn forward full D=64 f32 bhnd".to_string(), 2)
+            ]
+        );
+        // The default layout alone keeps the labels it had.
+        let one = series(&rows[..2], 1.0);
+        assert_eq!(one[0].label, "flashattn forward full D=64 f32");
     }
 }
