@@ -117,7 +117,9 @@ pub(crate) fn forward_tiles(
     let block_k = (key_floats / (d + dv)).clamp(32, 512);
     let bytes = |keys: usize| keys.saturating_mul(d + dv).saturating_mul(size_of::<f32>());
     let head_bytes = bytes(nk);
-    let long = bytes(span.min(nk)) >= l2;
+    // The keys and values one task sees.
+    let seen = bytes(span.min(nk));
+    let long = seen >= l2;
     let aliases = kv_strides.iter().any(|&s| aliases_in_l1(s));
     let strided = kv_strides.iter().any(|&s| s > d.max(dv));
     // Rows `s` floats apart of which `w` are read fall into about `w / s` of the L2's sets; on a
@@ -126,9 +128,8 @@ pub(crate) fn forward_tiles(
         .iter()
         .zip([d, dv])
         .map(|(&s, w)| l2 / (s / w.max(1)).max(1))
-        .min()
-        .unwrap_or(l2);
-    let crowded = l2 < DEFAULT_L2_BYTES && bytes(span.min(nk)) > strided_l2;
+        .fold(l2, usize::min);
+    let crowded = l2 < DEFAULT_L2_BYTES && seen > strided_l2;
     // f16/bf16 key rows are converted to f32 by every task, or by every thread for heads it
     // keeps (see `forward`).
     let big = (long || aliases || !f32_inputs) && rows_per_thread >= 4 * 512;
