@@ -37,7 +37,9 @@ use super::bias_grad::{BiasGrad, TileFold};
 use super::exp::exp2_shifted_sum;
 use super::line_buf::LineBuf;
 use super::matmul::Write;
-use super::microkernel::{PANEL, PairOffsets, PanelStrides, panels_product, softmax_grad_product};
+use super::microkernel::{
+    HighLanes, PANEL, PairOffsets, PanelStrides, panels_product, softmax_grad_product,
+};
 use super::prefetch::RowsAhead;
 use super::score_mods::{ScoreMods, apply_score_mods_rows};
 use super::transpose::transpose;
@@ -211,7 +213,7 @@ fn product(
     let (st, pairs) = panel_pairs(c.rs, &a, b.rs, cols);
     for (c0, both) in pairs {
         let (c, b) = (&mut c.data[c0..], &b.data[c0..]);
-        panels_product(c, a.data, b, rows, k, st, both, write);
+        panels_product(c, a.data, b, rows, k, st, both, write, HighLanes::NONE);
     }
 }
 

@@ -17,8 +17,10 @@
 //!
 //! The two panels of a pair share each broadcast of K and V (the microkernel's 12×2 register
 //! blocks; see `microkernel`). Keys both panels see are multiplied once for both, keys only one
-//! sees for that one, so a causal diagonal block costs about 8 wasted keys per row, and only
-//! panels crossing the mask boundary mask per element. Tasks start longest first (`schedule`).
+//! sees for that one, so a causal diagonal block costs about 8 wasted keys per row (about 4 with
+//! the AVX2 kernels, which leave a panel's lower 8 lanes out past the keys its first 8 queries
+//! see: `HighLanes`), and only panels crossing the mask boundary mask per element. Tasks start
+//! longest first (`schedule`).
 //! f32 K/V rows are read in place unless the tiles pack them (`tile_config`: long heads, or rows
 //! that alias in L1); packed or converted (f16/bf16) rows are kept by the thread for its next
 //! task on the same head when the head's K and V take at most 2 MiB as f32, else packed per key
@@ -40,9 +42,11 @@ use super::key_rows::{KeyRows, KeySource, PackedKeys};
 use super::lanes::lane_max;
 use super::line_buf::LineBuf;
 use super::matmul::Write;
-use super::microkernel::{ColBounds, PairOffsets, PanelStrides, panels_product, softmax_product};
+use super::microkernel::{
+    ColBounds, HIGH_LANE, HighLanes, PairOffsets, PanelStrides, panels_product, softmax_product,
+};
 use super::online_softmax::PanelSoftmax;
-use super::pieces::{contains, extend_run, leading, merged, pieces};
+use super::pieces::{Piece, contains, extend_run, leading, merged, pieces};
 use super::prefetch::prefetch_rows;
 use super::profile::{Section, TaskClock};
 use super::query_blocks::{block_cost, query_blocks};
@@ -369,6 +373,23 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         let qt = &sc.qt[pair.start * d * LANES..pair.end * d * LANES];
         let ot = &mut sc.ot[pair.start * dv * LANES..pair.end * dv * LANES];
         let pieces = pieces(&seen, &full);
+        // Per panel, the end of the keys its lower lanes see: past it, the products need the
+        // upper lanes alone (a causal diagonal's last keys; see `HighLanes`).
+        let low_end: [usize; 2] = std::array::from_fn(|w| {
+            let q = &queries[w];
+            if q.len() <= HIGH_LANE {
+                return usize::MAX;
+            }
+            self.mask
+                .key_range_for_rows(q.start..q.start + HIGH_LANE)
+                .end
+        });
+        // The keys of `piece` past those ends, from its first: `Sᵀ`'s rows, `Pᵀ`'s steps.
+        let high_from = |piece: &Piece| -> [usize; 2] {
+            std::array::from_fn(|i| {
+                low_end[(piece.first + i).min(1)].saturating_sub(piece.keys.start)
+            })
+        };
         // Per panel: the bounds of the scores the products gave exactly (rows every query of
         // the panel sees); rows of pieces that reach past `full` are maxed after the mask.
         let mut exact = [ColBounds::EMPTY; 2];
@@ -395,6 +416,10 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                     c: n * LANES,
                 }),
                 Write::Overwrite,
+                HighLanes {
+                    rows: high_from(piece),
+                    ..HighLanes::NONE
+                },
             );
             for (w, b) in piece.panels().zip(&piece_bounds) {
                 if contains(&full[w], keys) {
@@ -464,6 +489,10 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                 }),
                 &[shift[w], shift[1.min(w + 1)]],
                 [w, 1.min(w + 1)].map(|w| leading(&bounded[w], keys)),
+                HighLanes {
+                    steps: high_from(piece),
+                    ..HighLanes::NONE
+                },
             );
             for (w, s) in piece.panels().zip(&piece_sums) {
                 for (total, x) in sums[w].iter_mut().zip(s) {

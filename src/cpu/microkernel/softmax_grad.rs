@@ -18,7 +18,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::{Block, GradRows, check_ab};
-use super::{PANEL, PairOffsets, PanelStrides, check_c, product};
+use super::{HighLanes, PANEL, PairOffsets, PanelStrides, check_c, product};
 use crate::cpu::matmul::Write;
 use crate::cpu::simd::{Simd, cpu_simd};
 
@@ -86,7 +86,18 @@ pub(super) fn grad<const W: usize>(
         unsafe { super::avx512::product(block, rows, &mut col_max) };
         return;
     }
-    product::<W>(simd, c, a, b, rows, k, st, pair, Write::Overwrite);
+    product::<W>(
+        simd,
+        c,
+        a,
+        b,
+        rows,
+        k,
+        st,
+        pair,
+        Write::Overwrite,
+        HighLanes::NONE,
+    );
     for w in 0..W {
         for (r, &d) in delta[..rows].iter().enumerate() {
             let at = w * pair.c + r * st.c_rs;

@@ -17,7 +17,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::{Block, check_ab, check_c};
-use super::{ColMax, PANEL, PairOffsets, PanelStrides, product};
+use super::{ColMax, HighLanes, PANEL, PairOffsets, PanelStrides, product};
 use crate::cpu::exp::exp2_shifted_panel_bounded;
 use crate::cpu::matmul::Write;
 use crate::cpu::simd::{Simd, cpu_simd};
@@ -29,6 +29,7 @@ use crate::cpu::simd::{Simd, cpu_simd};
 /// exponent is ≤ 0; scores of −∞ give 0. `bounded[w]` says that every score in the first
 /// `bounded[w]` rows of panel `w` is at least its lane's shift less 127 (see
 /// [`exp2_shifted_panel_bounded`]; the rows of a causal diagonal's mask come after them).
+/// `high.steps` (see [`HighLanes`]) tells the keys whose `Pᵀ` is 0 in a panel's lower 8 lanes.
 /// Returns the lane sums of each panel's new B (0 for the second panel when there is none).
 /// Panics if an operand reaches outside its slice or the two B panels overlap.
 #[allow(clippy::too_many_arguments)]
@@ -42,9 +43,12 @@ pub(crate) fn softmax_product(
     pair: Option<PairOffsets>,
     shift: &[ColMax; 2],
     bounded: [usize; 2],
+    high: HighLanes,
 ) -> [ColMax; 2] {
     match pair {
-        Some(pair) => product_exp::<2>(cpu_simd(), c, a, b, rows, k, st, pair, shift, bounded),
+        Some(pair) => {
+            product_exp::<2>(cpu_simd(), c, a, b, rows, k, st, pair, shift, bounded, high)
+        }
         None => {
             let one = PairOffsets::default();
             let [sum] = product_exp::<1>(
@@ -58,6 +62,7 @@ pub(crate) fn softmax_product(
                 one,
                 &[shift[0]],
                 [bounded[0]],
+                high,
             );
             [sum, [0.0; PANEL]]
         }
@@ -78,6 +83,7 @@ pub(super) fn product_exp<const W: usize>(
     pair: PairOffsets,
     shift: &[ColMax; W],
     bounded: [usize; W],
+    high: HighLanes,
 ) -> [ColMax; W] {
     assert_eq!(st.b_rs, PANEL, "softmax product: B rows must be contiguous");
     let mut sums = [[0f32; PANEL]; W];
@@ -108,6 +114,6 @@ pub(super) fn product_exp<const W: usize>(
     for (w, sum) in sums.iter_mut().enumerate() {
         *sum = exp2_shifted_panel_bounded(&mut b[w * pair.b..][..k * PANEL], &shift[w], bounded[w]);
     }
-    product::<W>(simd, c, a, b, rows, k, st, pair, Write::Accumulate);
+    product::<W>(simd, c, a, b, rows, k, st, pair, Write::Accumulate, high);
     sums
 }

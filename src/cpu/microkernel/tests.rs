@@ -46,7 +46,8 @@ fn check<const W: usize>(rows: usize, k: usize, a_rs: usize, a_cs: usize) {
                 1.0
             };
             let mut c = vec![init; pair.c * W];
-            let bounds = product::<W>(simd, &mut c, &a, &b, rows, k, st, pair, write);
+            let none = HighLanes::NONE;
+            let bounds = product::<W>(simd, &mut c, &a, &b, rows, k, st, pair, write, none);
             for w in 0..W {
                 for j in 0..PANEL {
                     let column = (0..rows).map(|r| c[w * pair.c + r * c_rs + j]);
@@ -117,7 +118,18 @@ fn a_pair_equals_its_panels_one_at_a_time() {
         c: rows * PANEL,
     };
     let mut both = vec![f32::NAN; 2 * rows * PANEL];
-    let bounds = panels_product(&mut both, &a, &b, rows, k, st, Some(pair), Write::Overwrite);
+    let (pair_, write) = (Some(pair), Write::Overwrite);
+    let bounds = panels_product(
+        &mut both,
+        &a,
+        &b,
+        rows,
+        k,
+        st,
+        pair_,
+        write,
+        HighLanes::NONE,
+    );
     for w in 0..2 {
         let mut one = vec![f32::NAN; rows * PANEL];
         let [alone, none] = panels_product(
@@ -129,6 +141,7 @@ fn a_pair_equals_its_panels_one_at_a_time() {
             st,
             None,
             Write::Overwrite,
+            HighLanes::NONE,
         );
         assert_eq!(none.max, [f32::NEG_INFINITY; PANEL]);
         assert_eq!(none.min, [f32::INFINITY; PANEL]);
@@ -162,6 +175,7 @@ fn side_by_side_panels_match_one_at_a_time() {
         st,
         Some(pair),
         Write::Accumulate,
+        HighLanes::NONE,
     );
     for w in 0..2 {
         let s = w * PANEL;
@@ -174,6 +188,7 @@ fn side_by_side_panels_match_one_at_a_time() {
             st,
             None,
             Write::Accumulate,
+            HighLanes::NONE,
         );
     }
     assert_eq!(both, one);
@@ -191,7 +206,17 @@ fn overlapping_pair_panels_are_refused() {
     let (a, b) = (vec![1.0; 16], vec![1.0; 4 * PANEL]);
     let mut c = vec![0.0; 8 * PANEL];
     let pair = PairOffsets { b: 0, c: 2 * PANEL };
-    panels_product(&mut c, &a, &b, 4, 4, st, Some(pair), Write::Overwrite);
+    panels_product(
+        &mut c,
+        &a,
+        &b,
+        4,
+        4,
+        st,
+        Some(pair),
+        Write::Overwrite,
+        HighLanes::NONE,
+    );
 }
 
 /// The fused softmax product against f64, on `W` panels, for every level and for A with unit
@@ -225,7 +250,17 @@ fn check_softmax<const W: usize>(rows: usize, k: usize, a_rs: usize, a_cs: usize
         let mut b = scores.clone();
         let mut c = vec![1.0f32; pair.c * W];
         let sums = softmax_product::product_exp::<W>(
-            simd, &mut c, &a, &mut b, rows, k, st, pair, &shift, [0; W],
+            simd,
+            &mut c,
+            &a,
+            &mut b,
+            rows,
+            k,
+            st,
+            pair,
+            &shift,
+            [0; W],
+            HighLanes::NONE,
         );
         for w in 0..W {
             let p = |l: usize, j: usize| {
@@ -328,7 +363,17 @@ fn softmax_product_leaves_the_clamp_out_of_bounded_rows_alone() {
                 let mut b = scores.clone();
                 let mut c = vec![0.5f32; 2 * pair.c];
                 let sums = softmax_product::product_exp::<2>(
-                    simd, &mut c, &a, &mut b, rows, k, st, pair, &shift, bounded,
+                    simd,
+                    &mut c,
+                    &a,
+                    &mut b,
+                    rows,
+                    k,
+                    st,
+                    pair,
+                    &shift,
+                    bounded,
+                    HighLanes::NONE,
                 );
                 (b, c, sums)
             };
@@ -389,6 +434,68 @@ fn softmax_grad_product_matches_f64_for_every_size_and_level() {
             for (a_rs, a_cs) in [(k + 3, 1), (1, rows + 3), (2, 2 * rows + 1)] {
                 check_grad::<1>(rows, k, a_rs, a_cs);
                 check_grad::<2>(rows, k, a_rs, a_cs);
+            }
+        }
+    }
+}
+
+/// With [`HighLanes`], the lanes that matter (the lower 8 before the cut row, the upper 8
+/// everywhere) come out as without it, for B whose lower lanes are 0 from the cut step on, and
+/// the bounds of the upper lanes too; the AVX2 kernel stores −∞ in the lower lanes of the rows
+/// past the cut when overwriting.
+#[test]
+fn upper_lanes_alone_past_the_cuts_change_no_lane_that_matters() {
+    let (rows, k) = (19, 23);
+    for (cut_rows, cut_steps) in [
+        ([0, 19], [0, 23]),
+        ([5, 8], [9, 0]),
+        ([13, usize::MAX], [23, 4]),
+    ] {
+        let (a, mut b, st, pair) = operands::<2>(rows, k, (k + 3, 1));
+        for w in 0..2 {
+            for l in cut_steps[w].min(k)..k {
+                b[w * pair.b + l * st.b_rs..][..HIGH_LANE].fill(0.0);
+            }
+        }
+        let high = HighLanes {
+            rows: cut_rows,
+            steps: cut_steps,
+        };
+        for simd in levels() {
+            for write in [Write::Overwrite, Write::Accumulate] {
+                let run = |high| {
+                    let mut c = vec![0.25f32; 2 * pair.c];
+                    let bounds = product::<2>(simd, &mut c, &a, &b, rows, k, st, pair, write, high);
+                    (c, bounds)
+                };
+                let ((want, want_bounds), (got, got_bounds)) = (run(HighLanes::NONE), run(high));
+                for w in 0..2 {
+                    for r in 0..rows {
+                        let row = w * pair.c + r * st.c_rs;
+                        let lanes = if r < cut_rows[w] { 0 } else { HIGH_LANE };
+                        for j in lanes..PANEL {
+                            let (x, y) = (want[row + j], got[row + j]);
+                            assert!((x - y).abs() <= 1e-6, "{simd} {write:?} {w} {r} {j}");
+                        }
+                        let past = simd == Simd::Avx2 && write == Write::Overwrite;
+                        if past && r >= cut_rows[w] {
+                            assert!(
+                                got[row..row + HIGH_LANE]
+                                    .iter()
+                                    .all(|&x| x == f32::NEG_INFINITY)
+                            );
+                        }
+                    }
+                    let upper = HIGH_LANE..PANEL;
+                    for (x, y) in [
+                        (&want_bounds[w].max, &got_bounds[w].max),
+                        (&want_bounds[w].min, &got_bounds[w].min),
+                    ] {
+                        for j in upper.clone() {
+                            assert!((x[j] - y[j]).abs() <= 1e-6, "{simd} {write:?} bound {j}");
+                        }
+                    }
+                }
             }
         }
     }
