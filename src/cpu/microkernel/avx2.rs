@@ -15,8 +15,8 @@ const MR_HIGH: usize = 8;
 /// One panel's product (see [`super::panels_product`]), in blocks of 6 rows, with two to five
 /// blocks of 5 instead of one short block at the end (a 4-row block has too few accumulators
 /// to hide the FMA latency), and 7 or 8 rows as two blocks of 3 or 4 rather than 6 and 1 or 2.
-/// Rows from `x.high.row` on take the upper 8 lanes alone (the lower ones get −∞), and steps
-/// from `x.high.step` on feed the upper 8 alone. The new values' column maxima and minima widen
+/// Rows from `x.high_row` on take the upper 8 lanes alone (the lower ones get −∞), and steps
+/// from `x.high_step` on feed the upper 8 alone. The new values' column maxima and minima widen
 /// `bounds` (in the upper lanes only, for the rows of the upper half alone).
 ///
 /// # Safety
@@ -24,10 +24,10 @@ const MR_HIGH: usize = 8;
 /// [`super::product`]).
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn product(x: Block, rows: usize, bounds: &mut ColBounds) {
-    let both = x.high.row.min(rows);
+    let both = x.high_row.min(rows);
     let fives = if both >= 20 { (MR - both % MR) % MR } else { 0 };
     let (b, k, st, acc) = (x.b, x.k, x.st, x.accumulate);
-    let split = x.high.step.min(k);
+    let split = x.high_step.min(k);
     let mut r0 = 0;
     while r0 < both {
         let left = both - r0;

@@ -134,9 +134,10 @@ struct Block {
     accumulate: bool,
     /// Store `P ∘ (acc − delta[r])` instead of `acc` (see [`softmax_grad_product`]).
     grad: Option<GradRows>,
-    /// From which row of C, and from which of the `k` steps, only the upper 8 lanes matter
-    /// (see [`HighLanes`]; the AVX2 kernel's, for one panel).
-    high: HighFrom,
+    /// From which row of C, and from which of the `k` steps, only the upper 8 lanes matter:
+    /// one panel's share of [`HighLanes`] (read by the AVX2 kernel).
+    high_row: usize,
+    high_step: usize,
 }
 
 /// Where only the upper 8 of a panel's 16 lanes matter, per panel of a pair: from row `rows[w]`
@@ -171,21 +172,6 @@ impl HighLanes {
 /// The first of the upper lanes of a panel ([`HighLanes`]).
 pub(crate) const HIGH_LANE: usize = PANEL / 2;
 
-/// One panel's share of [`HighLanes`].
-#[derive(Clone, Copy)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-struct HighFrom {
-    row: usize,
-    step: usize,
-}
-
-impl HighFrom {
-    const NONE: HighFrom = HighFrom {
-        row: usize::MAX,
-        step: usize::MAX,
-    };
-}
-
 /// The softmax gradient's operands: P at C's offsets, `delta` one value per row of C.
 #[derive(Clone, Copy)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -215,7 +201,8 @@ impl Block {
             pair,
             accumulate: false,
             grad: None,
-            high: HighFrom::NONE,
+            high_row: usize::MAX,
+            high_step: usize::MAX,
         }
     }
 
@@ -296,10 +283,8 @@ fn product<const W: usize>(
                 let one = Block {
                     c: block.c.wrapping_add(w * pair.c),
                     b: block.b.wrapping_add(w * pair.b),
-                    high: HighFrom {
-                        row: high.rows[w],
-                        step: high.steps[w],
-                    },
+                    high_row: high.rows[w],
+                    high_step: high.steps[w],
                     ..block
                 };
                 // SAFETY: as above, for panel w alone.
