@@ -2,8 +2,6 @@
 //! standard attention) and `run` (attention on tensors read from a file). `flashattn --help`
 //! lists the options and examples.
 
-mod cli;
-
 fn main() -> std::process::ExitCode {
-    cli::main()
+    flashattn_cli::main()
 }

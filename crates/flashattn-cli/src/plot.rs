@@ -15,7 +15,7 @@ use super::output::write_bytes_atomic;
 use super::timing::Measurement;
 use super::{CliResult, fail};
 
-const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+const FONT: &[u8] = include_bytes!("../assets/fonts/DejaVuSans.ttf");
 const SIZE: (u32, u32) = (1400, 620);
 const MIB: f64 = 1024.0 * 1024.0;
 /// Memory below this (MiB) is drawn at this value: a log axis has no 0.
@@ -344,9 +344,9 @@ pub fn write(path: &Path, rows: &[Row]) -> CliResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::bench::Pass;
-    use crate::cli::inputs::Config;
-    use crate::cli::timing::Extra;
+    use crate::bench::Pass;
+    use crate::inputs::Config;
+    use crate::timing::Extra;
     use flashattn::Device;
 
     fn row(n: usize, standard: StandardOutcome) -> Row {

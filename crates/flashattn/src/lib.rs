@@ -38,5 +38,5 @@ pub use tensor::{Device, Tensor};
 
 /// The README's example, compiled and run by `cargo test` so that it stays true.
 #[cfg(doctest)]
-#[doc = include_str!("../README.md")]
+#[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
