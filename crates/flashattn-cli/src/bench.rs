@@ -2,7 +2,7 @@
 //! attention, with a progress bar, a table, and optional chart and JSON.
 
 use flashattn::Device;
-use flashattn::problem::Problem;
+use flashattn::internals::Problem;
 use flashattn::reference::ceiling::Sgemm;
 use flashattn::reference::standard;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -398,7 +398,7 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
         println!("kernel {line}");
     }
     // Built with the `profile` feature: where the CPU forward's cycles went.
-    if let Some(profile) = flashattn::forward_profile() {
+    if let Some(profile) = flashattn::internals::forward_profile() {
         print!("{profile}");
     }
     if let Some(path) = &a.json {

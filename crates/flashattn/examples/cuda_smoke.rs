@@ -170,7 +170,7 @@ mod smoke {
     pub fn main() -> Result<(), String> {
         let e = |e: flashattn::Error| e.to_string();
         println!("device: {}", flashattn::cuda::device_info(0).map_err(e)?);
-        flashattn::set_poison_outputs(true);
+        flashattn::internals::set_poison_outputs(true);
         let mut rng = StdRng::seed_from_u64(7);
         let mut failures = Vec::new();
         for dtype in [DType::F32, DType::F16, DType::BF16] {

@@ -1,36 +1,13 @@
 //! The public entry points. Each call validates into a [`Problem`] and dispatches once on the
-//! device the tensors live on.
+//! device the tensors live on, to that device's backend (`crate::backend::Backend`).
 
+use crate::devices::backend;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::outputs::{Layout, expect_writable};
+use crate::outputs::{ForwardOutput, Gradients, Layout, expect_writable};
 use crate::params::AttentionParams;
-use crate::problem::{Problem, expect_like};
-use crate::tensor::{Device, Tensor};
-
-/// What [`forward`] returns.
-#[derive(Clone, Debug)]
-pub struct ForwardOutput {
-    /// The attention output: shaped like `q` with the head dimension of `v`, in `q`'s dtype and
-    /// memory order (a `[batch, heads, seqlen, dim]`-strided q gives a like-strided output).
-    pub out: Tensor,
-    /// Log-sum-exp of each query's scores (natural log, f32): `[batch, heads, seqlen_q]`, or
-    /// `[heads, total_q]` with packed variable-length input. −∞ for a query that sees no key.
-    pub lse: Tensor,
-}
-
-/// What [`backward`] returns: gradients in the dtype and memory order of their inputs.
-#[derive(Clone, Debug)]
-pub struct Gradients {
-    /// Gradient of `q`.
-    pub dq: Tensor,
-    /// Gradient of `k` (summed over the query heads that share each key head).
-    pub dk: Tensor,
-    /// Gradient of `v`.
-    pub dv: Tensor,
-    /// Gradient of the bias, f32, in the bias' shape (summed over its broadcast dimensions).
-    pub dbias: Option<Tensor>,
-}
+use crate::problem::{Problem, backward_problem};
+use crate::tensor::Tensor;
 
 /// Exact attention, `softmax(q·kᵀ·scale)·v` with the options of `params`, computed tile by tile
 /// with an online softmax so the score matrix is never stored.
@@ -61,50 +38,7 @@ pub fn forward(
     params: &AttentionParams,
 ) -> Result<ForwardOutput> {
     let p = Problem::new(q, k, v, params)?;
-    match p.device {
-        Device::Cpu => crate::cpu::forward(&p, q, k, v),
-        Device::Cuda(_) => cuda::forward(&p, q, k, v),
-    }
-}
-
-/// The GPU entry points, or the same signatures failing with [`Error::Unsupported`] in a build
-/// without the `cuda` feature.
-#[cfg(feature = "cuda")]
-mod cuda {
-    pub(super) use crate::cuda::forward::{forward, forward_into};
-}
-
-#[cfg(not(feature = "cuda"))]
-mod cuda {
-    use super::ForwardOutput;
-    use crate::error::{Error, Result};
-    use crate::problem::Problem;
-    use crate::tensor::Tensor;
-
-    fn no_backend() -> Error {
-        Error::Unsupported {
-            device: "cuda",
-            what: "this build has no CUDA backend (cargo feature `cuda`)".into(),
-        }
-    }
-
-    pub(super) fn forward(
-        _: &Problem,
-        _: &Tensor,
-        _: &Tensor,
-        _: &Tensor,
-    ) -> Result<ForwardOutput> {
-        Err(no_backend())
-    }
-
-    pub(super) fn forward_into(
-        _: &Problem,
-        _: (&Tensor, &Tensor, &Tensor),
-        _: &mut Tensor,
-        _: &mut Tensor,
-    ) -> Result<()> {
-        Err(no_backend())
-    }
+    backend(p.device)?.forward(&p, q, k, v)
 }
 
 /// Gradients of [`forward`] with respect to q, k, v (and the bias), given the forward's `out` and
@@ -131,10 +65,7 @@ pub fn backward(
     params: &AttentionParams,
 ) -> Result<Gradients> {
     let p = backward_problem([q, k, v, out, lse, dout], params)?;
-    match p.device {
-        Device::Cpu => crate::cpu::backward(&p, [q, k, v, out, lse, dout]),
-        Device::Cuda(_) => Err(unsupported_backward()),
-    }
+    backend(p.device)?.backward(&p, [q, k, v, out, lse, dout])
 }
 
 /// [`forward`] into tensors the caller owns, so that a loop of calls allocates nothing: `out`
@@ -177,10 +108,7 @@ pub fn forward_into(
         p.device,
         Layout::Contiguous,
     )?;
-    match p.device {
-        Device::Cpu => crate::cpu::forward_into(&p, (q, k, v), out, lse),
-        Device::Cuda(_) => cuda::forward_into(&p, (q, k, v), out, lse),
-    }
+    backend(p.device)?.forward_into(&p, (q, k, v), out, lse)
 }
 
 /// [`backward`] into gradients the caller owns (for instance those of an earlier call), so
@@ -243,49 +171,57 @@ pub fn backward_into(
         }
         (None, None) => {}
     }
-    match p.device {
-        Device::Cpu => crate::cpu::backward_into(&p, [q, k, v, out, lse, dout], grads),
-        Device::Cuda(_) => Err(unsupported_backward()),
-    }
+    backend(p.device)?.backward_into(&p, [q, k, v, out, lse, dout], grads)
 }
 
-/// Validates a backward call (flashattn's and the standard attention's): the forward's problem,
-/// then out, lse and dout against it.
-pub(crate) fn backward_problem(
-    [q, k, v, out, lse, dout]: [&Tensor; 6],
-    params: &AttentionParams,
-) -> Result<Problem> {
-    let p = Problem::new(q, k, v, params)?;
-    let out_shape = Problem::shape_like(q, p.head_dim_v);
-    expect_like(out, "out", &out_shape, p.dtype, p.device)?;
-    expect_like(dout, "dout", &out_shape, p.dtype, p.device)?;
-    if lse.shape() != p.lse_shape().as_slice() {
-        return Err(Error::arg(
-            "lse",
-            format!("shape {:?}", p.lse_shape()),
-            format!("shape {:?}", lse.shape()),
-        ));
-    }
-    if lse.dtype() != DType::F32 {
-        return Err(Error::DType {
-            arg: "lse",
-            expected: "f32".into(),
-            got: lse.dtype(),
-        });
-    }
-    if lse.device() != p.device {
-        return Err(Error::DeviceMismatch {
-            arg: "lse",
-            expected: p.device.to_string(),
-            got: lse.device().to_string(),
-        });
-    }
-    Ok(p)
-}
+#[cfg(test)]
+mod tests {
+    use crate::host_buf::{HUGE_BYTES, LINE_BYTES, huge_pages};
 
-fn unsupported_backward() -> Error {
-    Error::Unsupported {
-        device: "cuda",
-        what: "backward".into(),
+    /// The outputs of `forward` and `backward`, the tensors of `Tensor::full`, `from_slice` and
+    /// conversions start on a line in every dtype, and from 2 MiB on on a huge page.
+    #[test]
+    fn tensors_flashattn_allocates_are_aligned() {
+        use crate::{AttentionParams, DType, Tensor, backward, forward};
+        fn first_byte(t: &Tensor) -> usize {
+            let at = t.offset();
+            match t.dtype() {
+                DType::F32 => t.cpu_slice::<f32>().unwrap()[at..].as_ptr() as usize,
+                DType::F16 => t.cpu_slice::<half::f16>().unwrap()[at..].as_ptr() as usize,
+                DType::BF16 => t.cpu_slice::<half::bf16>().unwrap()[at..].as_ptr() as usize,
+            }
+        }
+        let p = AttentionParams::default().causal();
+        // [B, N, H, D]: 2 MiB in f32 for the second.
+        for shape in [[2, 5, 3, 8], [4, 16, 64, 128]] {
+            let n: usize = shape.iter().product();
+            let data: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                let x = Tensor::from_vec(data.clone(), &shape)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let f = forward(&x, &x, &x, &p).unwrap();
+                let g = backward(&x, &x, &x, &f.out, &f.lse, &x, &p).unwrap();
+                let full = Tensor::full(&shape, dtype, 1.0).unwrap();
+                let copy = Tensor::from_slice(&data, &shape).unwrap();
+                let tensors = [
+                    ("x", &x),
+                    ("out", &f.out),
+                    ("lse", &f.lse),
+                    ("dq", &g.dq),
+                    ("dk", &g.dk),
+                    ("dv", &g.dv),
+                    ("full", &full),
+                    ("from_slice", &copy),
+                ];
+                for (name, t) in tensors {
+                    let bytes = t.numel() * t.dtype().size_in_bytes();
+                    let huge = bytes >= HUGE_BYTES && huge_pages();
+                    let align = if huge { HUGE_BYTES } else { LINE_BYTES };
+                    assert_eq!(first_byte(t) % align, 0, "{dtype} {name} {shape:?}");
+                }
+            }
+        }
     }
 }

@@ -7,6 +7,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 /// What went wrong. Argument errors name the argument (`"q"`, `"cu_seqlens_k"`, `"softcap"`, ...).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// An argument has the wrong shape, size or value.
     #[error("invalid argument `{arg}`: expected {expected}, got {got}")]

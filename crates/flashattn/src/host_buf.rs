@@ -6,22 +6,17 @@
 //! (`madvise(MADV_HUGEPAGE)`) before any of their pages is touched ([`set_huge_pages`] turns
 //! that off).
 //!
-//! Why: the kernels walk the rows of one head, `H·D` elements apart (2 KiB at H=8, D=64 in f32),
-//! so on 4 KiB pages every second row misses the TLB, and in a virtual machine each miss is a
-//! nested page walk. The backward reads each row of Q, K, V, O and dO and writes each of dQ, dK
-//! and dV once per call, a head at a time. f32, B=1, H=8, D=64, `[B, N, H, D]`, every tensor of
-//! the call (inputs and outputs) allocated here with huge pages on against off (both on a line),
-//! 2 threads, median over 5–25 interleaved rounds of each call's fastest of three (Zen 4 VM,
-//! 2026-11-24): `backward_into` N=1024 full 1.006–1.014×, causal 0.997–1.014× (three runs),
-//! N=4096 full 1.012×, causal 1.008×; `forward_into` within ±0.6% (N=1024 and 4096). Starting on
-//! a line matters as much: the same backward on `Vec`s of the allocator's (16 bytes past a line)
-//! against buffers from here on small pages ran 1.018× (full) and 1.015× (causal) slower.
+//! Why: the kernels walk the rows of one head, `H·D` elements apart (2 KiB at H=8, D=64 in
+//! f32), so on 4 KiB pages every second row misses the TLB (in a virtual machine each miss is a
+//! nested page walk); the backward runs about 1% faster on huge pages, and about 1.5% faster
+//! from buffers that start on a line than from the allocator's (see BENCHMARKS.md).
 
 use std::mem::MaybeUninit;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use aligned_vec::{AVec, RuntimeAlign};
+use rayon::prelude::*;
 
 /// Bytes of a cache line: where every buffer flashattn allocates starts.
 pub(crate) const LINE_BYTES: usize = 64;
@@ -55,7 +50,7 @@ pub fn set_huge_pages(on: bool) {
 }
 
 /// Whether large buffers are advised as huge pages (see [`set_huge_pages`]).
-fn huge_pages() -> bool {
+pub(crate) fn huge_pages() -> bool {
     match HUGE_PAGES.load(Ordering::Relaxed) {
         0 => {
             let on = std::env::var("FLASHATTN_HUGE_PAGES").map_or(true, |v| v != "0");
@@ -162,15 +157,23 @@ pub(crate) fn spare<T>(buf: &mut AVec<T, RuntimeAlign>, n: usize) -> &mut [Maybe
 }
 
 /// Runs `f(at, piece)` over `dst` in pieces, `at` the index of the piece's first element: in
-/// one piece, or from [`PARALLEL_FILL_BYTES`] on in chunks on all threads (those that run the
-/// kernels' tasks: `cpu::for_each_chunk`).
+/// one piece, or from [`PARALLEL_FILL_BYTES`] on in chunks on rayon's threads (the CPU backend
+/// fills its own buffers on its fork-join instead: `cpu::fill_with`).
 pub(crate) fn fill_with<T: Send>(dst: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
-    if size_of_val(dst) < PARALLEL_FILL_BYTES {
-        f(0, dst);
-    } else {
-        let chunk = (FILL_CHUNK_BYTES / size_of::<T>().max(1)).max(1);
-        crate::cpu::for_each_chunk(dst, chunk, |i, piece| f(i * chunk, piece));
+    match parallel_chunk::<T>(dst.len()) {
+        None => f(0, dst),
+        Some(chunk) => dst
+            .par_chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(i, piece)| f(i * chunk, piece)),
     }
+}
+
+/// The elements a thread writes at a time when `len` elements of `T` are written by all
+/// threads, or `None` when they are few enough for the calling thread alone.
+pub(crate) fn parallel_chunk<T>(len: usize) -> Option<usize> {
+    (len.saturating_mul(size_of::<T>()) >= PARALLEL_FILL_BYTES)
+        .then(|| (FILL_CHUNK_BYTES / size_of::<T>().max(1)).max(1))
 }
 
 /// Asks the kernel to back `bytes` bytes from `at` (a 2 MiB boundary) with huge pages.
@@ -232,51 +235,5 @@ mod tests {
         assert_eq!(t.as_ptr(), at);
         let c = t.clone();
         assert!(matches!(c, HostBuf::Own(_)) && c[..] == t[..]);
-    }
-    /// The outputs of `forward` and `backward`, the tensors of `Tensor::full`, `from_slice` and
-    /// conversions start on a line in every dtype, and from 2 MiB on on a huge page.
-    #[test]
-    fn tensors_flashattn_allocates_are_aligned() {
-        use crate::{AttentionParams, DType, Tensor, backward, forward};
-        fn first_byte(t: &Tensor) -> usize {
-            let at = t.offset();
-            match t.dtype() {
-                DType::F32 => t.cpu_slice::<f32>().unwrap()[at..].as_ptr() as usize,
-                DType::F16 => t.cpu_slice::<half::f16>().unwrap()[at..].as_ptr() as usize,
-                DType::BF16 => t.cpu_slice::<half::bf16>().unwrap()[at..].as_ptr() as usize,
-            }
-        }
-        let p = AttentionParams::default().causal();
-        // [B, N, H, D]: 2 MiB in f32 for the second.
-        for shape in [[2, 5, 3, 8], [4, 16, 64, 128]] {
-            let n: usize = shape.iter().product();
-            let data: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
-            for dtype in [DType::F32, DType::F16, DType::BF16] {
-                let x = Tensor::from_vec(data.clone(), &shape)
-                    .unwrap()
-                    .to_dtype(dtype)
-                    .unwrap();
-                let f = forward(&x, &x, &x, &p).unwrap();
-                let g = backward(&x, &x, &x, &f.out, &f.lse, &x, &p).unwrap();
-                let full = Tensor::full(&shape, dtype, 1.0).unwrap();
-                let copy = Tensor::from_slice(&data, &shape).unwrap();
-                let tensors = [
-                    ("x", &x),
-                    ("out", &f.out),
-                    ("lse", &f.lse),
-                    ("dq", &g.dq),
-                    ("dk", &g.dk),
-                    ("dv", &g.dv),
-                    ("full", &full),
-                    ("from_slice", &copy),
-                ];
-                for (name, t) in tensors {
-                    let bytes = t.numel() * t.dtype().size_in_bytes();
-                    let huge = bytes >= HUGE_BYTES && huge_pages();
-                    let align = if huge { HUGE_BYTES } else { LINE_BYTES };
-                    assert_eq!(first_byte(t) % align, 0, "{dtype} {name} {shape:?}");
-                }
-            }
-        }
     }
 }

@@ -12,29 +12,50 @@
 //! * [`mod@reference`] holds the f64 oracle and the "standard attention" baseline that the tests and
 //!   benchmarks measure against.
 
+// Three layers, each importing only those below it:
+// - the core: plain types and checks that name no backend (dtype, error, tensor and its host
+//   buffers, params, mask, problem, outputs) and the interface every backend implements
+//   (backend);
+// - the backends: cpu (always built) and cuda (cargo feature `cuda`), each a `Backend`, the
+//   GPU's buffers a `tensor::DeviceStorage`;
+// - the public API: the entry points (attention) and the device dispatch (devices), and the
+//   reference implementations that tests and benchmarks measure against.
 pub mod attention;
+mod backend;
 mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod devices;
 pub mod dtype;
 pub mod error;
 mod host_buf;
 pub mod mask;
 mod outputs;
 pub mod params;
-pub mod problem;
+mod problem;
 pub mod reference;
 pub mod tensor;
 
-pub use attention::{ForwardOutput, Gradients, backward, backward_into, forward, forward_into};
-pub use cpu::{Simd, cpu_simd, forward_profile};
+pub use attention::{backward, backward_into, forward, forward_into};
+pub use cpu::{Simd, cpu_simd};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
+/// The crate of the `f16` and `bf16` element types.
+pub use half;
 pub use host_buf::set_huge_pages;
 pub use mask::{Mask, Window};
-pub use outputs::set_poison_outputs;
+pub use outputs::{ForwardOutput, Gradients};
 pub use params::{AttentionParams, VarLen};
 pub use tensor::{Device, Tensor};
+
+/// For flashattn's own tools and tests, not part of the API: the validated problem, the switch
+/// that poisons outputs, and the CPU forward's cycle profile.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::cpu::forward_profile;
+    pub use crate::outputs::set_poison_outputs;
+    pub use crate::problem::Problem;
+}
 
 /// The README's example, compiled and run by `cargo test` so that it stays true.
 #[cfg(doctest)]

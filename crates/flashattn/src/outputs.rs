@@ -1,4 +1,4 @@
-//! Checks of the tensors a caller hands to [`forward_into`](crate::forward_into) and
+//! What the entry points return ([`ForwardOutput`], [`Gradients`]), and checks of the tensors a caller hands to [`forward_into`](crate::forward_into) and
 //! [`backward_into`](crate::backward_into) to be written: the right shape, dtype and device, a
 //! buffer no other tensor shares, and strides that never reach one element twice. And the
 //! switch that has the outputs flashattn allocates itself poisoned, for tests.
@@ -9,6 +9,30 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::problem::expect_shaped;
 use crate::tensor::{Device, Tensor};
+
+/// What [`forward`](crate::forward) returns.
+#[derive(Clone, Debug)]
+pub struct ForwardOutput {
+    /// The attention output: shaped like `q` with the head dimension of `v`, in `q`'s dtype and
+    /// memory order (a `[batch, heads, seqlen, dim]`-strided q gives a like-strided output).
+    pub out: Tensor,
+    /// Log-sum-exp of each query's scores (natural log, f32): `[batch, heads, seqlen_q]`, or
+    /// `[heads, total_q]` with packed variable-length input. −∞ for a query that sees no key.
+    pub lse: Tensor,
+}
+
+/// What [`backward`](crate::backward) returns: gradients in the dtype and memory order of their inputs.
+#[derive(Clone, Debug)]
+pub struct Gradients {
+    /// Gradient of `q`.
+    pub dq: Tensor,
+    /// Gradient of `k` (summed over the query heads that share each key head).
+    pub dk: Tensor,
+    /// Gradient of `v`.
+    pub dv: Tensor,
+    /// Gradient of the bias, f32, in the bias' shape (summed over its broadcast dimensions).
+    pub dbias: Option<Tensor>,
+}
 
 /// How an output's elements must be laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

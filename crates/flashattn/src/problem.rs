@@ -518,15 +518,39 @@ fn bias_layout(t: &Tensor, full: [usize; 4]) -> Result<(Tensor, BiasLayout)> {
     Ok((t, layout))
 }
 
-/// Checks a tensor the backward reads (`out`, `dout`) against the expected shape and dtype.
-pub fn expect_like(
-    t: &Tensor,
-    arg: &'static str,
-    shape: &[usize],
-    dtype: DType,
-    device: Device,
-) -> Result<()> {
-    expect_shaped(t, arg, shape, (dtype, " (the dtype of q)"), device)
+/// Validates a backward call (flashattn's and the standard attention's): the forward's problem,
+/// then out, lse and dout against it.
+pub(crate) fn backward_problem(
+    [q, k, v, out, lse, dout]: [&Tensor; 6],
+    params: &AttentionParams,
+) -> Result<Problem> {
+    let p = Problem::new(q, k, v, params)?;
+    let out_shape = Problem::shape_like(q, p.head_dim_v);
+    for (t, arg) in [(out, "out"), (dout, "dout")] {
+        expect_shaped(t, arg, &out_shape, (p.dtype, " (the dtype of q)"), p.device)?;
+    }
+    if lse.shape() != p.lse_shape().as_slice() {
+        return Err(Error::arg(
+            "lse",
+            format!("shape {:?}", p.lse_shape()),
+            format!("shape {:?}", lse.shape()),
+        ));
+    }
+    if lse.dtype() != DType::F32 {
+        return Err(Error::DType {
+            arg: "lse",
+            expected: "f32".into(),
+            got: lse.dtype(),
+        });
+    }
+    if lse.device() != p.device {
+        return Err(Error::DeviceMismatch {
+            arg: "lse",
+            expected: p.device.to_string(),
+            got: lse.device().to_string(),
+        });
+    }
+    Ok(p)
 }
 
 /// Checks `t`'s device, shape, dtype (`why` follows the dtype in the error: where it comes

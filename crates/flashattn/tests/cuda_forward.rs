@@ -48,7 +48,7 @@ struct GpuErrors {
 
 /// Outputs are allocated filled with NaN, and the allocator's free memory is poisoned too.
 fn poison() {
-    flashattn::set_poison_outputs(true);
+    flashattn::internals::set_poison_outputs(true);
     flashattn::cuda::poison_free_memory(0, 64 << 20).expect("poisoning free GPU memory");
 }
 

@@ -438,6 +438,34 @@ fn bad_tensor_construction() {
     assert_eq!(r.unwrap_err().argument(), Some("T"));
 }
 
+/// `from_vec` and `from_slice` make contiguous tensors: the data must hold exactly the shape's
+/// element count (more is not silently left out); `from_vec_strided` may view a larger buffer.
+#[test]
+fn contiguous_constructors_take_exactly_the_shape() {
+    for (shape, numel) in [(&[2, 3][..], 6), (&[0, 3], 0), (&[], 1), (&[4, 1, 2], 8)] {
+        for len in 0..12 {
+            let data: Vec<f32> = (0..len).map(|i| i as f32 - 2.5).collect();
+            let results = [
+                Tensor::from_vec(data.clone(), shape),
+                Tensor::from_slice(&data, shape),
+            ];
+            for r in results {
+                if len == numel {
+                    assert_eq!(r.unwrap().to_vec::<f32>().unwrap(), data);
+                } else {
+                    let want = format!("{numel} elements");
+                    let got = format!("{len} elements");
+                    expect_err(r, "data", &[&want, &got, &format!("{shape:?}")]);
+                }
+            }
+        }
+    }
+    let r = Tensor::from_slice(&[flashattn::half::f16::ONE; 7], &[2, 3]);
+    expect_err(r, "data", &["6 elements", "7 elements"]);
+    let view = Tensor::from_vec_strided(vec![1.0f32; 10], &[2, 3], &[3, 1], 1).unwrap();
+    assert_eq!(view.to_vec::<f32>().unwrap(), vec![1.0; 6]);
+}
+
 #[test]
 fn huge_shapes_are_errors() {
     let err = Tensor::full(&[1 << 62], DType::F32, 0.0).unwrap_err();

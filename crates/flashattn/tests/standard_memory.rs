@@ -5,7 +5,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use flashattn::problem::Problem;
+use flashattn::internals::Problem;
 use flashattn::reference::standard;
 use flashattn::{AttentionParams, Tensor};
 

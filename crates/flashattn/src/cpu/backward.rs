@@ -40,8 +40,8 @@ use super::bias_grad::BiasGrad;
 use super::elementwise::dot;
 use super::line_buf::LineBuf;
 use super::{SharedOut, call_number, with_thread_scratch};
+use crate::cpu::CpuElement;
 use crate::problem::{Problem, RowLayout, Seq};
-use crate::tensor::CpuElement;
 
 pub(crate) struct Inputs<'a, T> {
     pub q: &'a [T],

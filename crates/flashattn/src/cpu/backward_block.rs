@@ -43,9 +43,9 @@ use super::microkernel::{
 use super::prefetch::RowsAhead;
 use super::score_mods::{ScoreMods, apply_score_mods_rows};
 use super::transpose::transpose;
+use crate::cpu::CpuElement;
 use crate::mask::Mask;
 use crate::problem::{Problem, RowLayout};
-use crate::tensor::CpuElement;
 
 const LOG2_E: f32 = std::f32::consts::LOG2_E;
 

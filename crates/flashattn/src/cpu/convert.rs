@@ -1,13 +1,10 @@
 //! bf16 ↔ f32 and f16 ↔ f32 conversions of whole rows, compiled for the widest SIMD level the
-//! CPU has: the forward widens each query row and key/value block it packs and narrows each
-//! output row it writes, the backward likewise with its inputs and gradients. The `half`
-//! crate's slice conversions give the same results but run bf16 one element at a time, and f16
-//! eight at a time through a call with its own F16C check. bf16, B=1, H=8, D=64, causal, 2
-//! threads, three alternating rounds with the K/V rows fetched ahead as they are converted
-//! (`key_rows`), fastest of 30 calls: N=1024 2703–3115 → 2630–2739 µs, N=4096 40.5–41.6 →
-//! 39.6–39.9 ms (2026-11-24). f16 with AVX-512 (16 elements an instruction, inline), B=1,
-//! H=8, D=64, N=1024, 2 threads, median over 10 interleaved rounds against `half`'s: forward
-//! 1.053× (full) and 1.033× (causal), `backward_into` 1.039× and 1.072× (2026-11-24).
+//! CPU has, and [`CpuElement`], the element type of the CPU kernels, which converts with them:
+//! the forward widens each query row and key/value block it packs and narrows each output row
+//! it writes, the backward likewise with its inputs and gradients. The `half` crate's slice
+//! conversions give the same results but run bf16 one element at a time and f16 eight at a
+//! time through a call with its own F16C check, which cost the kernels a few percent (see
+//! BENCHMARKS.md).
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
@@ -15,6 +12,53 @@ use half::{bf16, f16};
 use super::simd::multiversion;
 #[cfg(target_arch = "x86_64")]
 use super::simd::{Simd, cpu_simd};
+use crate::tensor::HostElement;
+
+/// An element type of the CPU kernels: a host element with the row conversions of this module.
+pub(crate) trait CpuElement: HostElement {
+    /// `x` itself when `Self` is `f32` (kernels then read it in place), `None` otherwise.
+    fn as_f32_slice(x: &[Self]) -> Option<&[f32]>;
+    /// Widens `src` into `dst` (equal lengths) with the CPU's vector conversions.
+    fn widen_into(src: &[Self], dst: &mut [f32]);
+    /// Narrows `src` into `dst` (equal lengths), rounding to nearest even, likewise.
+    fn narrow_into(src: &[f32], dst: &mut [Self]);
+}
+
+impl CpuElement for f32 {
+    fn as_f32_slice(x: &[f32]) -> Option<&[f32]> {
+        Some(x)
+    }
+    fn widen_into(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn narrow_into(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl CpuElement for f16 {
+    fn as_f32_slice(_: &[f16]) -> Option<&[f32]> {
+        None
+    }
+    fn widen_into(src: &[f16], dst: &mut [f32]) {
+        widen_f16(src, dst);
+    }
+    fn narrow_into(src: &[f32], dst: &mut [f16]) {
+        narrow_f16(src, dst);
+    }
+}
+
+impl CpuElement for bf16 {
+    fn as_f32_slice(_: &[bf16]) -> Option<&[f32]> {
+        None
+    }
+    fn widen_into(src: &[bf16], dst: &mut [f32]) {
+        widen_bf16(src, dst);
+    }
+    fn narrow_into(src: &[f32], dst: &mut [bf16]) {
+        narrow_bf16(src, dst);
+    }
+}
 
 /// `dst[i] = src[i]` as f32 (exact). Equal lengths. With AVX-512F, 16 elements per
 /// `vcvtph2ps`; otherwise `half`'s slice conversion (F16C where the CPU has it).

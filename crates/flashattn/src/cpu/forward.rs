@@ -55,9 +55,9 @@ use super::score_mods::{ScoreMods, apply_mask, apply_score_mods};
 use super::tile_config::{ForwardTiles, MAX_BLOCK_Q, forward_tiles, l2_bytes, vendor};
 use super::transpose::transpose_scaled;
 use super::{SharedOut, call_number, with_thread_scratch};
+use crate::cpu::CpuElement;
 use crate::mask::Mask;
 use crate::problem::{Problem, RowLayout};
-use crate::tensor::CpuElement;
 
 pub(crate) struct Inputs<'a, T> {
     pub q: &'a [T],

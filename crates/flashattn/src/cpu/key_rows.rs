@@ -5,8 +5,8 @@ use std::ops::Range;
 
 use super::line_buf::LineBuf;
 use super::prefetch::RowsAhead;
+use crate::cpu::CpuElement;
 use crate::problem::Problem;
-use crate::tensor::CpuElement;
 
 /// K and V rows as f32 when not read in place: rows `packed` of one (call, sequence, kv head),
 /// row `j` at `(j − packed.start)·width`, kept from task to task while the thread stays on that

@@ -8,7 +8,8 @@
 use std::mem::MaybeUninit;
 use std::ops::{Deref, DerefMut};
 
-use crate::host_buf::{LINE_BYTES, fill_with};
+use crate::cpu::fill_with;
+use crate::host_buf::LINE_BYTES;
 
 /// Floats in a cache line.
 const LINE_FLOATS: usize = LINE_BYTES / size_of::<f32>();

@@ -40,21 +40,60 @@ use std::thread::LocalKey;
 use aligned_vec::{AVec, RuntimeAlign};
 use half::{bf16, f16};
 
-use crate::attention::{ForwardOutput, Gradients};
+use crate::backend::{Backend, BackwardInputs};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::host_buf::{self, HostBuf};
-use crate::outputs::poison_outputs;
+use crate::outputs::{ForwardOutput, Gradients, poison_outputs};
 use crate::problem::{Problem, RowLayout, row_layout, strides_like};
-use crate::tensor::{CpuElement, CpuStorage, Tensor, contiguous_strides};
+use crate::tensor::{CpuStorage, Tensor, contiguous_strides};
 
 /// The vectorized row exp, also used by the standard attention baseline (one exp for both).
+pub(crate) use convert::CpuElement;
 pub(crate) use exp::exp2_shifted_sum;
 pub use profile::report as forward_profile;
-/// Parallel writes of large buffers (`host_buf`), on the same threads as the kernels' tasks.
-pub(crate) use schedule::for_each_chunk;
 pub(crate) use shared_out::SharedOut;
 pub use simd::{Simd, cpu_simd};
+
+/// The CPU backend.
+pub(crate) struct Cpu;
+
+impl Backend for Cpu {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn forward(&self, p: &Problem, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<ForwardOutput> {
+        forward(p, q, k, v)
+    }
+
+    fn forward_into(
+        &self,
+        p: &Problem,
+        qkv: (&Tensor, &Tensor, &Tensor),
+        out: &mut Tensor,
+        lse: &mut Tensor,
+    ) -> Result<()> {
+        forward_into(p, qkv, out, lse)
+    }
+
+    fn backward(&self, p: &Problem, x: BackwardInputs<'_>) -> Result<Gradients> {
+        backward(p, x)
+    }
+
+    fn backward_into(&self, p: &Problem, x: BackwardInputs<'_>, g: &mut Gradients) -> Result<()> {
+        backward_into(p, x, g)
+    }
+}
+
+/// [`host_buf::fill_with`] on the kernels' own threads ([`schedule::for_each_chunk`], which
+/// the caller joins at once), for the buffers of the CPU backend.
+pub(crate) fn fill_with<T: Send>(dst: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
+    match host_buf::parallel_chunk::<T>(dst.len()) {
+        None => f(0, dst),
+        Some(chunk) => schedule::for_each_chunk(dst, chunk, |i, piece| f(i * chunk, piece)),
+    }
+}
 
 /// The host buffer of `t` as `T` (validated to be on the host with dtype `T`).
 fn host<'a, T: CpuElement>(t: &'a Tensor, arg: &'static str) -> Result<&'a [T]> {
@@ -115,7 +154,7 @@ fn view_range(t: &Tensor) -> std::ops::Range<usize> {
     t.offset()..t.offset() + t.numel()
 }
 
-pub(crate) fn forward(p: &Problem, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<ForwardOutput> {
+fn forward(p: &Problem, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<ForwardOutput> {
     match p.dtype {
         DType::F32 => forward_typed::<f32>(p, q, k, v),
         DType::F16 => forward_typed::<f16>(p, q, k, v),
@@ -125,7 +164,7 @@ pub(crate) fn forward(p: &Problem, q: &Tensor, k: &Tensor, v: &Tensor) -> Result
 
 /// The forward into outputs validated by `crate::outputs::expect_writable` (not filled first:
 /// every element is written).
-pub(crate) fn forward_into(
+fn forward_into(
     p: &Problem,
     (q, k, v): (&Tensor, &Tensor, &Tensor),
     out: &mut Tensor,
@@ -201,10 +240,7 @@ fn run_forward<T: CpuElement>(
     Ok(())
 }
 
-/// What the backward reads: q, k, v, the forward's out and lse, and dout.
-pub(crate) type BackwardInputs<'a> = [&'a Tensor; 6];
-
-pub(crate) fn backward(p: &Problem, x: BackwardInputs<'_>) -> Result<Gradients> {
+fn backward(p: &Problem, x: BackwardInputs<'_>) -> Result<Gradients> {
     match p.dtype {
         DType::F32 => backward_typed::<f32>(p, x),
         DType::F16 => backward_typed::<f16>(p, x),
@@ -214,10 +250,10 @@ pub(crate) fn backward(p: &Problem, x: BackwardInputs<'_>) -> Result<Gradients> 
 
 /// The backward into gradients validated by `crate::outputs::expect_writable`: the bias
 /// gradient is zeroed first (the backward adds into it), the others are written whole.
-pub(crate) fn backward_into(p: &Problem, x: BackwardInputs<'_>, g: &mut Gradients) -> Result<()> {
+fn backward_into(p: &Problem, x: BackwardInputs<'_>, g: &mut Gradients) -> Result<()> {
     if let Some(dbias) = g.dbias.as_mut() {
         let range = view_range(dbias);
-        host_buf::fill_with(&mut writable::<f32>(dbias, "dbias")?[range], |_, c| {
+        fill_with(&mut writable::<f32>(dbias, "dbias")?[range], |_, c| {
             c.fill(0.0)
         });
     }
@@ -327,9 +363,9 @@ fn backward_run<T: CpuElement>(
 
 /// A tensor's buffer for outputs whose kernels write every element once (only write:
 /// [`SharedOut`] never reads): allocated but not written, so the call spares the pass that
-/// filling it first would take and, for large buffers, a round through the thread pool (causal
-/// forward at N=128 1.2-1.4x faster, N=256 1.1x; f32, B=1, H=8, D=64, 2026-11-23). Filled with NaN
-/// when poisoning is on ([`crate::set_poison_outputs`], for tests), as on the GPU.
+/// filling it first would take and, for large buffers, a round through the thread pool (the
+/// short causal forwards run markedly faster: see BENCHMARKS.md). Filled with NaN when
+/// poisoning is on (`crate::outputs::set_poison_outputs`, for tests), as on the GPU.
 struct Unwritten<T> {
     /// Room for the elements ([`host_buf::allocate`]: aligned, huge pages when large), empty
     /// until [`Self::written`].
@@ -353,7 +389,7 @@ impl<T: CpuElement> Unwritten<T> {
         let mut data = host_buf::allocate::<T>(n);
         if poison_outputs() {
             let nan = MaybeUninit::new(T::from_f32(f32::NAN));
-            host_buf::fill_with(host_buf::spare(&mut data, n), |_, dst| dst.fill(nan));
+            fill_with(host_buf::spare(&mut data, n), |_, dst| dst.fill(nan));
         }
         Unwritten {
             data,

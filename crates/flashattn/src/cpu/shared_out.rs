@@ -6,9 +6,9 @@ use std::mem::MaybeUninit;
 use super::prefetch::{RowsAhead, prefetch_rows};
 use super::simd::cpu_simd;
 use super::transpose::{ColScale, transpose_to};
+use crate::cpu::CpuElement;
 use crate::dtype::{DType, Element};
 use crate::problem::RowLayout;
-use crate::tensor::CpuElement;
 
 /// A `&mut [T]` shared by rayon tasks that each own a disjoint set of rows (one task per
 /// (sequence, head, query block), say). Writes are bounds-checked.

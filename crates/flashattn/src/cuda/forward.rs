@@ -13,9 +13,9 @@ use super::device::{Gpu, gpu};
 use super::params::{FlashParams, Pointers};
 use super::storage::CudaStorage;
 use super::tile_config::{Alignment, GENERAL_THREADS, Path, choose};
-use crate::attention::ForwardOutput;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::outputs::ForwardOutput;
 use crate::problem::{Problem, row_layout, strides_like};
 use crate::tensor::{Device, Tensor, contiguous_strides};
 

@@ -20,6 +20,42 @@ pub use compile::{
     nvrtc_version,
 };
 pub use device::{MemoryUse, device_count, memory_use, reset_memory_peak};
+pub(crate) use storage::upload;
+
+use crate::backend::Backend;
+use crate::outputs::ForwardOutput;
+use crate::problem::Problem;
+use crate::tensor::Tensor;
+
+/// The GPU backend: the forward (the backward is not there yet: the trait's default, a typed
+/// `Unsupported` error).
+pub(crate) struct Cuda;
+
+impl Backend for Cuda {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn forward(
+        &self,
+        p: &Problem,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> crate::Result<ForwardOutput> {
+        forward::forward(p, q, k, v)
+    }
+
+    fn forward_into(
+        &self,
+        p: &Problem,
+        qkv: (&Tensor, &Tensor, &Tensor),
+        out: &mut Tensor,
+        lse: &mut Tensor,
+    ) -> crate::Result<()> {
+        forward::forward_into(p, qkv, out, lse)
+    }
+}
 
 /// Every kernel variant flashattn can launch (the forward kernels and the standard attention's),
 /// so that a test can compile them all with NVRTC.

@@ -19,9 +19,9 @@ use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 use super::compile::{self, KernelSource};
 use super::device::{Gpu, gpu};
 use super::storage::CudaStorage;
-use crate::attention::ForwardOutput;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::outputs::ForwardOutput;
 use crate::problem::{Problem, RowLayout, strides_like};
 use crate::tensor::{Device, Tensor, contiguous_strides};
 

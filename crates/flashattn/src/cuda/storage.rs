@@ -1,5 +1,6 @@
 //! Typed device buffers (f32, f16, bf16): allocate, poison, upload, download, and the raw device
-//! address that kernels receive in their parameter structs.
+//! address that kernels receive in their parameter structs. A [`CudaStorage`] is the core's
+//! `DeviceStorage` of a GPU tensor.
 //!
 //! All copies and launches of one GPU are ordered on its single stream (see [`Gpu`]), so a buffer
 //! written by a kernel is read correctly by the next launch or download without extra events.
@@ -9,12 +10,12 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
 use half::{bf16, f16};
 
-use super::device::Gpu;
+use super::device::{Gpu, gpu};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::host_buf::HostBuf;
 use crate::outputs::poison_outputs;
-use crate::tensor::CpuStorage;
+use crate::tensor::{CpuStorage, Device, DeviceStorage, Tensor};
 
 /// A device allocation of one dtype.
 pub(crate) enum DeviceBuffer {
@@ -52,7 +53,7 @@ fn alloc_raw<T: DeviceRepr>(gpu: &Gpu, len: usize) -> Result<CudaSlice<T>> {
 
 impl CudaStorage {
     /// An output buffer of `len` elements, which the caller's kernels must write entirely:
-    /// filled with NaN when poisoning is on (tests, [`crate::set_poison_outputs`]), left unwritten
+    /// filled with NaN when poisoning is on (tests, `crate::outputs::set_poison_outputs`), left unwritten
     /// otherwise (no extra pass over memory in production and benchmarks).
     pub(crate) fn alloc_output(gpu: &Arc<Gpu>, dtype: DType, len: usize) -> Result<Self> {
         if poison_outputs() {
@@ -157,11 +158,6 @@ impl CudaStorage {
         }
     }
 
-    /// Element count.
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
     /// Element type.
     pub(crate) fn dtype(&self) -> DType {
         match &self.buf {
@@ -170,9 +166,60 @@ impl CudaStorage {
             DeviceBuffer::BF16(_) => DType::BF16,
         }
     }
+}
 
-    /// The GPU ordinal.
-    pub(crate) fn ordinal(&self) -> usize {
-        self.gpu.ordinal
+impl DeviceStorage for CudaStorage {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn dtype(&self) -> DType {
+        CudaStorage::dtype(self)
+    }
+
+    fn device(&self) -> Device {
+        Device::Cuda(self.gpu.ordinal)
+    }
+
+    fn download(&self) -> Result<CpuStorage> {
+        CudaStorage::download(self)
+    }
+
+    fn upload_beside(&self, host: &CpuStorage, from: usize) -> Result<Box<dyn DeviceStorage>> {
+        Ok(Box::new(CudaStorage::upload(&self.gpu, host, from)?))
+    }
+}
+
+/// A buffer on GPU `ordinal` holding the elements of `host` from `from` on.
+pub(crate) fn upload(
+    host: &CpuStorage,
+    from: usize,
+    ordinal: usize,
+) -> Result<Box<dyn DeviceStorage>> {
+    Ok(Box::new(CudaStorage::upload(&gpu(ordinal)?, host, from)?))
+}
+
+/// The GPU's side of a tensor: its buffer as this backend's own type.
+impl Tensor {
+    /// A view of a device buffer (every element it can reach must lie inside the buffer).
+    pub(crate) fn from_cuda_storage(
+        storage: CudaStorage,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> Result<Self> {
+        Tensor::from_device_storage(Box::new(storage), shape, strides, offset)
+    }
+
+    /// The whole device buffer behind the view, when the tensor lives on a GPU.
+    pub(crate) fn cuda_storage(&self) -> Option<&CudaStorage> {
+        let any: &dyn std::any::Any = self.device_storage()?;
+        any.downcast_ref()
+    }
+
+    /// The device address of the view's first element (`offset` applied), when on a GPU.
+    pub(crate) fn cuda_ptr(&self) -> Option<u64> {
+        self.cuda_storage()
+            .map(|s| s.device_ptr() + (self.offset() * self.dtype().size_in_bytes()) as u64)
     }
 }

@@ -160,7 +160,7 @@ pub fn lse_tolerance(dtype: DType, standard_lse: f64) -> f64 {
 /// per case and the worst errors per dtype, and fails listing every case out of tolerance.
 pub fn check_forward_cases(test: &str, seed0: u64, cases: &[Case]) {
     // Outputs the library allocates start as NaN, so an element left unwritten fails the case.
-    flashattn::set_poison_outputs(true);
+    flashattn::internals::set_poison_outputs(true);
     let mut failures = Vec::new();
     let mut worst = Worst::default();
     for (n, case) in cases.iter().enumerate() {
@@ -335,7 +335,7 @@ pub fn backward_errors(case: &Case, x: &Inputs) -> Vec<GradientError> {
 /// per case and the worst errors per dtype, and fails listing every case out of tolerance.
 pub fn check_backward_cases(test: &str, seed0: u64, cases: &[Case]) {
     // Outputs the library allocates start as NaN, so an element left unwritten fails the case.
-    flashattn::set_poison_outputs(true);
+    flashattn::internals::set_poison_outputs(true);
     let mut failures = Vec::new();
     let mut worst = Worst::default();
     for (n, case) in cases.iter().enumerate() {

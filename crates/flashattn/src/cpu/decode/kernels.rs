@@ -6,6 +6,8 @@
 use super::BLOCK;
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::CpuElement;
 use crate::cpu::exp::LANES;
 use crate::cpu::key_rows::KeyRows;
 use crate::cpu::matmul::Write;
@@ -14,8 +16,6 @@ use crate::cpu::prefetch::RowsAhead;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::simd::{Simd, cpu_simd};
 use crate::cpu::transpose::transpose;
-#[cfg(target_arch = "x86_64")]
-use crate::tensor::CpuElement;
 #[cfg(target_arch = "x86_64")]
 use half::{bf16, f16};
 

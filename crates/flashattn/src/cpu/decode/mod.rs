@@ -51,12 +51,12 @@ use std::ops::Range;
 
 use crate::cpu::schedule::for_each_queued;
 
+use crate::cpu::CpuElement;
 use crate::cpu::exp::{LANES, exp2};
 use crate::cpu::forward::Inputs;
 use crate::cpu::lanes::lane_lse;
 use crate::cpu::{SharedOut, with_thread_scratch};
 use crate::problem::Problem;
-use crate::tensor::CpuElement;
 use step::{Scratch, Step};
 
 /// Keys per block: the block's scores stay in L1 beside the rows being multiplied (and `Kᵀ`,

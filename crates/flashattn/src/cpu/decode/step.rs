@@ -7,6 +7,7 @@ use std::ops::Range;
 use super::kernels::{Level, level, scores_in_place, values_in_place};
 use super::kernels::{scores_panels, values_panels};
 use super::{BLOCK, write_head};
+use crate::cpu::CpuElement;
 use crate::cpu::SharedOut;
 use crate::cpu::exp::{LANES, exp2_shifted_sum};
 use crate::cpu::forward::Inputs;
@@ -20,7 +21,6 @@ use crate::cpu::softcap::softcap;
 #[cfg(target_arch = "x86_64")]
 use crate::dtype::DType;
 use crate::problem::Problem;
-use crate::tensor::CpuElement;
 #[cfg(target_arch = "x86_64")]
 use half::{bf16, f16};
 

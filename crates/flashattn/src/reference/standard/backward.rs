@@ -3,9 +3,9 @@
 
 use rayon::prelude::*;
 
-use crate::attention::Gradients;
 use crate::dtype::Element;
 use crate::error::Result;
+use crate::outputs::Gradients;
 use crate::problem::Problem;
 use crate::tensor::{Tensor, contiguous_strides};
 

@@ -19,9 +19,9 @@ mod score_matrix;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use crate::attention::{ForwardOutput, Gradients};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
+use crate::outputs::{ForwardOutput, Gradients};
 use crate::params::AttentionParams;
 use crate::problem::Problem;
 use crate::tensor::{Tensor, contiguous_strides};
@@ -143,7 +143,7 @@ pub fn backward(
     dout: &Tensor,
     params: &AttentionParams,
 ) -> Result<Gradients> {
-    let p = crate::attention::backward_problem([q, k, v, out, lse, dout], params)?;
+    let p = crate::problem::backward_problem([q, k, v, out, lse, dout], params)?;
     host_only(&p)?;
     match p.dtype {
         DType::F32 => backward::backward_typed::<f32>(&p, q, k, v, dout),
