@@ -1,6 +1,7 @@
-//! What the entry points return ([`ForwardOutput`], [`Gradients`]), and checks of the tensors a caller hands to [`forward_into`](crate::forward_into) and
+//! What the entry points return ([`ForwardOutput`], [`Gradients`]); checks of the tensors a
+//! caller hands to [`forward_into`](crate::forward_into) and
 //! [`backward_into`](crate::backward_into) to be written: the right shape, dtype and device, a
-//! buffer no other tensor shares, and strides that never reach one element twice. And the
+//! buffer no other tensor shares, and strides that never reach one element twice; and the
 //! switch that has the outputs flashattn allocates itself poisoned, for tests.
 
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -21,7 +22,8 @@ pub struct ForwardOutput {
     pub lse: Tensor,
 }
 
-/// What [`backward`](crate::backward) returns: gradients in the dtype and memory order of their inputs.
+/// What [`backward`](crate::backward) returns: gradients in the dtype and memory order of their
+/// inputs.
 #[derive(Clone, Debug)]
 pub struct Gradients {
     /// Gradient of `q`.
