@@ -124,8 +124,8 @@ pub struct MaskArgs {
     /// Sliding window: keys a query sees before its diagonal (unbounded if not given).
     #[arg(long, value_name = "L")]
     pub window_left: Option<usize>,
-    /// Sliding window: keys a query sees after its diagonal (0 with --causal).
-    #[arg(long, value_name = "R", conflicts_with = "causal")]
+    /// Sliding window: keys a query sees after its diagonal (--causal means 0).
+    #[arg(long, value_name = "R")]
     pub window_right: Option<usize>,
     /// Soft cap of the scores: cap·tanh(s/cap).
     #[arg(long, value_name = "C", allow_negative_numbers = true)]
@@ -136,24 +136,30 @@ pub struct MaskArgs {
 }
 
 impl MaskArgs {
-    /// The window these options describe.
-    pub fn window(&self) -> Window {
-        let right = if self.causal {
-            Some(0)
-        } else {
-            self.window_right
+    /// The window these options describe. `--causal` is the right side 0, so `--window-right
+    /// 0` beside it says the same thing; any other right side contradicts it.
+    pub fn window(&self) -> CliResult<Window> {
+        let right = match (self.causal, self.window_right) {
+            (true, Some(r)) if r > 0 => {
+                return Err(fail(format!(
+                    "--window-right {r}: --causal already sets the right side of the window to \
+                     0; drop one of the two"
+                )));
+            }
+            (true, _) => Some(0),
+            (false, r) => r,
         };
-        Window::new(self.window_left, right)
+        Ok(Window::new(self.window_left, right))
     }
 
     /// Parameters with these options and nothing else.
-    pub fn params(&self) -> AttentionParams {
-        AttentionParams {
+    pub fn params(&self) -> CliResult<AttentionParams> {
+        Ok(AttentionParams {
             scale: self.scale,
-            window: self.window(),
+            window: self.window()?,
             softcap: self.softcap,
             ..Default::default()
-        }
+        })
     }
 
     /// True when any option was given.

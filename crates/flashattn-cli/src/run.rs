@@ -289,7 +289,7 @@ pub fn run(a: &RunArgs) -> CliResult<()> {
         layout: a.layout,
         varlen,
     };
-    let x = prepare(&file, &a.mask.params())?;
+    let x = prepare(&file, &a.mask.params()?)?;
     tensor_files::check_storable(&a.output, out_format, x.dtype)?;
 
     let on = |t: &Tensor| device::to_device(t, a.device);

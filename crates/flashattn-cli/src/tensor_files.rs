@@ -7,7 +7,7 @@ use std::path::Path;
 
 use flashattn::{DType, Tensor};
 use half::{bf16, f16};
-use safetensors::tensor::{Dtype as StDtype, SafeTensors, TensorView};
+use safetensors::tensor::{Dtype as StDtype, SafeTensors, TensorInfo, TensorView};
 
 use super::output::write_atomic;
 use super::{CliResult, fail, npy};
@@ -139,10 +139,68 @@ fn from_le<const N: usize, T>(bytes: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
         .collect()
 }
 
+/// Why the header of a safetensors file refused by the safetensors crate is wrong, naming the
+/// tensor at fault: the crate's own message names none for a shape that disagrees with its data
+/// offsets, or for data that ends short of or past the file. `None` where the header does not
+/// parse or no tensor is at fault.
+fn bad_tensor(bytes: &[u8]) -> Option<String> {
+    let len = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
+    let header = std::str::from_utf8(bytes.get(8..8usize.checked_add(len)?)?).ok()?;
+    let data_len = bytes.len() - 8 - len;
+    let entries: std::collections::BTreeMap<String, serde_json::Value> =
+        serde_json::from_str(header).ok()?;
+    let mut infos = entries
+        .into_iter()
+        .filter(|(name, _)| name != "__metadata__")
+        .map(|(name, v)| Some((name, serde_json::from_value::<TensorInfo>(v).ok()?)))
+        .collect::<Option<Vec<_>>>()?;
+    // The data of the tensors follow one another in the order of their offsets.
+    infos.sort_by_key(|(_, info)| info.data_offsets);
+    let mut end = 0;
+    for (name, info) in &infos {
+        let (start, stop) = info.data_offsets;
+        let (shape, dtype) = (&info.shape, info.dtype);
+        let bits = shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .and_then(|n| n.checked_mul(dtype.bitsize()));
+        let fault = match bits {
+            None => Some(format!("shape {shape:?} of {dtype} is too large")),
+            Some(b) if b % 8 != 0 => Some(format!("shape {shape:?} of {dtype} is not whole bytes")),
+            Some(_) if start != end || stop < start => Some(format!(
+                "data_offsets [{start}, {stop}] do not start where the previous tensor's data \
+                 ends ({end})"
+            )),
+            Some(b) if stop - start != b / 8 => Some(format!(
+                "shape {shape:?} of {dtype} needs {} bytes, but data_offsets [{start}, {stop}] \
+                 hold {}",
+                b / 8,
+                stop - start
+            )),
+            Some(_) if stop > data_len => Some(format!(
+                "data_offsets [{start}, {stop}] run past the end of the data ({data_len} bytes)"
+            )),
+            Some(_) => None,
+        };
+        if let Some(fault) = fault {
+            return Some(format!("tensor `{name}`: {fault}"));
+        }
+        end = stop;
+    }
+    let (name, _) = infos.last()?;
+    (end < data_len).then(|| {
+        format!(
+            "tensor `{name}`, the last in the file, ends at byte {end} of the data, but the \
+             data holds {data_len} bytes"
+        )
+    })
+}
+
 fn read_safetensors(path: &Path, bytes: &[u8]) -> CliResult<Vec<NamedTensor>> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| {
+        let why = bad_tensor(bytes).unwrap_or_else(|| e.to_string());
         fail(format!(
-            "--input {}: not a valid safetensors file: {e}",
+            "--input {}: not a valid safetensors file: {why}",
             path.display()
         ))
     })?;
