@@ -66,7 +66,8 @@ Output tensors: out (shape and dtype of q), lse [batch, heads, seqlen_q] f32 ([h
 with varlen); with dout: dq, dk, dv (and dbias with a bias).
 Files: .safetensors (every dtype) or .npz (numpy's savez/savez_compressed; f32, f16 and int32:
 numpy has no bfloat16). A .npy file holds a single array, so it cannot carry q, k and v.
-The output is written to a temporary file beside OUT and renamed, so OUT is never half-written.";
+The output is written to a temporary file beside OUT and renamed, so OUT is never half-written;
+a run stopped by Ctrl-C, SIGTERM or SIGHUP removes the temporary file.";
 
 /// Exact attention by FlashAttention: check it, benchmark it, run it on tensor files.
 #[derive(Parser, Debug)]

@@ -291,6 +291,7 @@ pub fn run(a: &RunArgs) -> CliResult<()> {
     };
     let x = prepare(&file, &a.mask.params()?)?;
     tensor_files::check_storable(&a.output, out_format, x.dtype)?;
+    let out_file = output::PendingFile::create(&a.output)?;
 
     let on = |t: &Tensor| device::to_device(t, a.device);
     let mut params = x.params.clone();
@@ -311,7 +312,7 @@ pub fn run(a: &RunArgs) -> CliResult<()> {
             results.push(named("dbias", db, a.layout, false)?);
         }
     }
-    tensor_files::write(&a.output, &results)?;
+    tensor_files::write(out_file, &results)?;
     let names: Vec<String> = results
         .iter()
         .map(|t| format!("{} {:?} {}", t.name, t.shape, t.data.dtype_name()))

@@ -9,7 +9,7 @@ use flashattn::{DType, Tensor};
 use half::{bf16, f16};
 use safetensors::tensor::{Dtype as StDtype, SafeTensors, TensorInfo, TensorView};
 
-use super::output::write_atomic;
+use super::output::PendingFile;
 use super::{CliResult, fail, npy};
 
 /// The elements of one tensor, as stored.
@@ -327,16 +327,17 @@ fn write_npz(file: &mut std::fs::File, tensors: &[NamedTensor]) -> CliResult<()>
     Ok(())
 }
 
-/// Writes `tensors` to `path` in its format, atomically (a temporary file renamed).
-pub fn write(path: &Path, tensors: &[NamedTensor]) -> CliResult<()> {
-    match format_of(path, "--output")? {
+/// Writes `tensors` in the format of `file`'s destination and renames it into place.
+pub fn write(file: PendingFile, tensors: &[NamedTensor]) -> CliResult<()> {
+    let path = file.path().to_path_buf();
+    match format_of(&path, "--output")? {
         Format::Safetensors => {
             let bytes = safetensors_bytes(tensors)?;
-            write_atomic(path, |f| {
+            file.finish(|f| {
                 f.write_all(&bytes)
                     .map_err(|e| fail(format!("cannot write {}: {e}", path.display())))
             })
         }
-        Format::Npz => write_atomic(path, |f| write_npz(f, tensors)),
+        Format::Npz => file.finish(|f| write_npz(f, tensors)),
     }
 }
