@@ -61,7 +61,7 @@ Input tensors (by name): q, k, v [batch, seqlen, heads, head_dim] (f32, f16 or b
 --layout bhnd stored as [batch, heads, seqlen, head_dim]); optional alibi_slopes [heads] or
 [batch, heads] (f32); bias, 4 dimensions broadcastable to [batch, heads, seqlen_q, seqlen_k];
 cu_seqlens_q and cu_seqlens_k (int32) for packed [total, heads, head_dim] input; dout (shaped
-like q): when present the backward runs too.
+like q): when present the backward runs too. An input holding NaN or inf is named in a warning.
 Output tensors: out (shape and dtype of q), lse [batch, heads, seqlen_q] f32 ([heads, total_q]
 with varlen); with dout: dq, dk, dv (and dbias with a bias).
 Files: .safetensors (every dtype) or .npz (numpy's savez/savez_compressed; f32, f16 and int32:

@@ -45,6 +45,21 @@ impl Data {
         }
     }
 
+    /// How many elements are NaN and how many infinite (floats only; 0 and 0 otherwise).
+    pub fn non_finite(&self) -> (usize, usize) {
+        fn count<T: Copy>(v: &[T], nan: fn(T) -> bool, inf: fn(T) -> bool) -> (usize, usize) {
+            v.iter().fold((0, 0), |(n, i), &x| {
+                (n + usize::from(nan(x)), i + usize::from(inf(x)))
+            })
+        }
+        match self {
+            Data::F32(v) => count(v, f32::is_nan, f32::is_infinite),
+            Data::F16(v) => count(v, f16::is_nan, f16::is_infinite),
+            Data::BF16(v) => count(v, bf16::is_nan, bf16::is_infinite),
+            Data::I32(_) | Data::Other(_) => (0, 0),
+        }
+    }
+
     /// Bytes of the elements.
     pub fn byte_len(&self) -> usize {
         match self {

@@ -287,3 +287,37 @@ fn causal_takes_a_right_window_of_zero_and_refuses_any_other() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--window-right 1"), "{}", stderr(&o));
 }
+
+#[test]
+fn non_finite_inputs_are_named_in_a_warning() {
+    let mut rng = StdRng::seed_from_u64(311);
+    let dir = Dir::new();
+    let (input, output) = (dir.path("in.safetensors"), dir.path("out.safetensors"));
+    let mut x = qkv(&mut rng, Dtype::F16);
+    let o = {
+        write_safetensors(&input, &x);
+        flashattn(&["run", "--input", s(&input), "--output", s(&output)])
+    };
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
+    x[0].values[5] = f32::NAN;
+    x[0].values[17] = f32::NAN;
+    x[2].values[3] = f32::NEG_INFINITY;
+    write_safetensors(&input, &x);
+    let err = stderr(&flashattn(&[
+        "run",
+        "--input",
+        s(&input),
+        "--output",
+        s(&output),
+    ]));
+    assert!(
+        err.contains("warning: tensor `q` holds 2 NaN and 0 infinite values (of 320)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("warning: tensor `v` holds 0 NaN and 1 infinite values (of 192)"),
+        "{err}"
+    );
+    assert!(!err.contains("tensor `k`"), "{err}");
+}
