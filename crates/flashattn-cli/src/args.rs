@@ -35,7 +35,6 @@ Examples:
   flashattn bench --seqlens 1024,4096,16384 --causal yes --pass both
   flashattn bench --seqlens 1024,4096 --pass both --no-standard --gemm --rounds 9
   flashattn bench --seqlens 1024 --seqlens-k 512,1024 --no-standard --gemm --rounds 9
-  flashattn bench --seqlens 1024,4096 --no-standard --paired 40  # causal/full per FLOP
   flashattn bench --dtype bf16 --head-dims 64,128 --plot docs/bench.png --json bench.json
   flashattn bench --device cuda --seqlens 1024,8192 --dtype bf16
 
@@ -358,12 +357,6 @@ pub struct BenchArgs {
     /// (CPU only).
     #[arg(long)]
     pub gemm: bool,
-    /// Also time causal against full attention in this many pairs of calls per pass, dtype,
-    /// head dim and sequence length, the two masks' calls alternating (CPU only): the median
-    /// ratio of their times per visible (query, key) pair, which a shared machine's slow spells
-    /// move less than two rates timed apart.
-    #[arg(long, value_name = "PAIRS", value_parser = clap::value_parser!(u32).range(1..))]
-    pub paired: Option<u32>,
 }
 
 impl BenchArgs {
@@ -388,7 +381,6 @@ impl BenchArgs {
             seed: 2026,
             rounds: 1,
             gemm: false,
-            paired: None,
         }
     }
 
@@ -411,13 +403,6 @@ impl BenchArgs {
         positive("heads", &[self.heads])?;
         if let Some(hk) = self.heads_kv {
             positive("heads-kv", &[hk])?;
-        }
-        if self.paired.is_some() && self.device != Device::Cpu {
-            return Err(fail(format!(
-                "--paired: causal and full calls are paired on the CPU, for --device cpu; got \
-                 --device {}",
-                self.device
-            )));
         }
         if self.gemm && self.device != Device::Cpu {
             return Err(fail(format!(

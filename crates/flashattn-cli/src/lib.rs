@@ -14,7 +14,6 @@ mod json;
 mod memory;
 mod npy;
 mod output;
-mod paired;
 mod plot;
 mod run;
 mod table;
