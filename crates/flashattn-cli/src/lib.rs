@@ -12,7 +12,6 @@ mod device;
 mod inputs;
 mod json;
 mod memory;
-mod npy;
 mod output;
 mod plot;
 mod run;
