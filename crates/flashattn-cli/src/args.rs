@@ -35,7 +35,6 @@ Examples:
   flashattn bench --seqlens 1024,4096,16384 --causal yes --pass both
   flashattn bench --seqlens 1024,4096 --pass both --no-standard --gemm --rounds 9
   flashattn bench --seqlens 1024 --seqlens-k 512,1024 --no-standard --gemm --rounds 9
-  flashattn bench --seqlens 1024,4096 --no-standard --paired 40  # causal/full per FLOP
   flashattn bench --dtype bf16 --head-dims 64,128 --plot docs/bench.png --json bench.json
   flashattn bench --device cuda --seqlens 1024,8192 --dtype bf16
 
@@ -61,12 +60,13 @@ Input tensors (by name): q, k, v [batch, seqlen, heads, head_dim] (f32, f16 or b
 --layout bhnd stored as [batch, heads, seqlen, head_dim]); optional alibi_slopes [heads] or
 [batch, heads] (f32); bias, 4 dimensions broadcastable to [batch, heads, seqlen_q, seqlen_k];
 cu_seqlens_q and cu_seqlens_k (int32) for packed [total, heads, head_dim] input; dout (shaped
-like q): when present the backward runs too.
+like q): when present the backward runs too. An input holding NaN or inf is named in a warning.
 Output tensors: out (shape and dtype of q), lse [batch, heads, seqlen_q] f32 ([heads, total_q]
 with varlen); with dout: dq, dk, dv (and dbias with a bias).
 Files: .safetensors (every dtype) or .npz (numpy's savez/savez_compressed; f32, f16 and int32:
 numpy has no bfloat16). A .npy file holds a single array, so it cannot carry q, k and v.
-The output is written to a temporary file beside OUT and renamed, so OUT is never half-written.";
+The output is written to a temporary file beside OUT and renamed, so OUT is never half-written;
+a run stopped by Ctrl-C, SIGTERM or SIGHUP removes the temporary file.";
 
 /// Exact attention by FlashAttention: check it, benchmark it, run it on tensor files.
 #[derive(Parser, Debug)]
@@ -124,8 +124,8 @@ pub struct MaskArgs {
     /// Sliding window: keys a query sees before its diagonal (unbounded if not given).
     #[arg(long, value_name = "L")]
     pub window_left: Option<usize>,
-    /// Sliding window: keys a query sees after its diagonal (0 with --causal).
-    #[arg(long, value_name = "R", conflicts_with = "causal")]
+    /// Sliding window: keys a query sees after its diagonal (--causal means 0).
+    #[arg(long, value_name = "R")]
     pub window_right: Option<usize>,
     /// Soft cap of the scores: cap·tanh(s/cap).
     #[arg(long, value_name = "C", allow_negative_numbers = true)]
@@ -136,24 +136,30 @@ pub struct MaskArgs {
 }
 
 impl MaskArgs {
-    /// The window these options describe.
-    pub fn window(&self) -> Window {
-        let right = if self.causal {
-            Some(0)
-        } else {
-            self.window_right
+    /// The window these options describe. `--causal` is the right side 0, so `--window-right
+    /// 0` beside it says the same thing; any other right side contradicts it.
+    pub fn window(&self) -> CliResult<Window> {
+        let right = match (self.causal, self.window_right) {
+            (true, Some(r)) if r > 0 => {
+                return Err(fail(format!(
+                    "--window-right {r}: --causal already sets the right side of the window to \
+                     0; drop one of the two"
+                )));
+            }
+            (true, _) => Some(0),
+            (false, r) => r,
         };
-        Window::new(self.window_left, right)
+        Ok(Window::new(self.window_left, right))
     }
 
     /// Parameters with these options and nothing else.
-    pub fn params(&self) -> AttentionParams {
-        AttentionParams {
+    pub fn params(&self) -> CliResult<AttentionParams> {
+        Ok(AttentionParams {
             scale: self.scale,
-            window: self.window(),
+            window: self.window()?,
             softcap: self.softcap,
             ..Default::default()
-        }
+        })
     }
 
     /// True when any option was given.
@@ -351,12 +357,6 @@ pub struct BenchArgs {
     /// (CPU only).
     #[arg(long)]
     pub gemm: bool,
-    /// Also time causal against full attention in this many pairs of calls per pass, dtype,
-    /// head dim and sequence length, the two masks' calls alternating (CPU only): the median
-    /// ratio of their times per visible (query, key) pair, which a shared machine's slow spells
-    /// move less than two rates timed apart.
-    #[arg(long, value_name = "PAIRS", value_parser = clap::value_parser!(u32).range(1..))]
-    pub paired: Option<u32>,
 }
 
 impl BenchArgs {
@@ -381,7 +381,6 @@ impl BenchArgs {
             seed: 2026,
             rounds: 1,
             gemm: false,
-            paired: None,
         }
     }
 
@@ -404,13 +403,6 @@ impl BenchArgs {
         positive("heads", &[self.heads])?;
         if let Some(hk) = self.heads_kv {
             positive("heads-kv", &[hk])?;
-        }
-        if self.paired.is_some() && self.device != Device::Cpu {
-            return Err(fail(format!(
-                "--paired: causal and full calls are paired on the CPU, for --device cpu; got \
-                 --device {}",
-                self.device
-            )));
         }
         if self.gemm && self.device != Device::Cpu {
             return Err(fail(format!(

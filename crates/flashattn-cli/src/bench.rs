@@ -12,7 +12,7 @@ use super::inputs::{Config, Inputs};
 use super::memory::{self, human};
 use super::table::Table;
 use super::timing::{self, Extra, Measurement, measure};
-use super::{CliResult, device, fail, json, output, paired, plot};
+use super::{CliResult, device, fail, json, output, plot};
 
 /// Forward or backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,11 +87,6 @@ fn configs(a: &BenchArgs) -> Vec<(Pass, Config)> {
         CausalChoice::Yes => &[true],
         CausalChoice::Both => &[false, true],
     };
-    configs_with(a, causal)
-}
-
-/// The sweep's configurations with each mask of `causal` (true: causal), in table order.
-pub fn configs_with(a: &BenchArgs, causal: &[bool]) -> Vec<(Pass, Config)> {
     let passes: &[Pass] = match a.pass {
         PassChoice::Forward => &[Pass::Forward],
         PassChoice::Backward => &[Pass::Backward],
@@ -135,7 +130,7 @@ pub fn configs_with(a: &BenchArgs, causal: &[bool]) -> Vec<(Pass, Config)> {
 
 /// The problem of `x`, and the FLOPs of one call of `pass` on it (the backward's counted as
 /// [`BACKWARD_FLOP_FACTOR`] forwards).
-pub fn forward_flops(x: &Inputs, pass: Pass) -> CliResult<(Problem, f64)> {
+fn forward_flops(x: &Inputs, pass: Pass) -> CliResult<(Problem, f64)> {
     let p = Problem::new(&x.q, &x.k, &x.v, &x.p)?;
     let f = p.forward_flops();
     let f = match pass {
@@ -146,14 +141,14 @@ pub fn forward_flops(x: &Inputs, pass: Pass) -> CliResult<(Problem, f64)> {
 }
 
 /// One flashattn call of `pass` on `x`, ready to repeat.
-pub type FlashCall<'a> = Box<dyn FnMut() -> CliResult<()> + 'a>;
+type FlashCall<'a> = Box<dyn FnMut() -> CliResult<()> + 'a>;
 
 /// flashattn's `pass` on `x` as a call to repeat: the untimed first call (`forward`,
 /// `backward`) makes the results that each later call writes into (`forward_into`,
 /// `backward_into`), as a training or inference loop would, so that timing it leaves out
 /// allocating and first touching the outputs (what PyTorch's caching allocator spares its calls
 /// too).
-pub fn flash_call(x: &Inputs, pass: Pass) -> CliResult<FlashCall<'_>> {
+fn flash_call(x: &Inputs, pass: Pass) -> CliResult<FlashCall<'_>> {
     let (q, k, v, p) = (&x.q, &x.k, &x.v, &x.p);
     Ok(match pass {
         Pass::Forward => {
@@ -368,15 +363,10 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
         plot::check_extension(p)?;
     }
     let configs = configs(a);
-    let paired_configs = if a.paired.is_some() {
-        configs_with(a, &[false])
-    } else {
-        Vec::new()
-    };
     if let Some(note) = timing::load_note() {
         eprintln!("note: {note}");
     }
-    let steps = configs.len() * a.rounds as usize + paired_configs.len();
+    let steps = configs.len() * a.rounds as usize;
     let bar = ProgressBar::new(steps as u64);
     bar.set_style(
         ProgressStyle::with_template(
@@ -386,14 +376,10 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
     );
     // Ticks on its own so the clock moves during long configurations.
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
-    let swept = sweep(a, &configs, &bar).and_then(|s| {
-        let pairs = a.paired.unwrap_or(0);
-        Ok((s, paired::measure(a, pairs, &paired_configs, &bar)?))
-    });
+    let swept = sweep(a, &configs, &bar);
     bar.finish_and_clear();
-    let (Sweep { rows, gemm_gflops }, paired_rows) = swept?;
+    let Sweep { rows, gemm_gflops } = swept?;
     print!("{}", render(&rows, a, gemm_gflops));
-    print!("{}", paired::render(&paired_rows));
     for line in device::compile_report(a.device)? {
         println!("kernel {line}");
     }
@@ -402,7 +388,7 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
         print!("{profile}");
     }
     if let Some(path) = &a.json {
-        json::write(path, &rows, &paired_rows)?;
+        json::write(path, &rows)?;
         println!("wrote {}", path.display());
     }
     if let Some(path) = &a.plot {

@@ -41,11 +41,12 @@ fn default_set(dtypes: &[DType]) -> Vec<Config> {
 }
 
 /// The single configuration the options describe (for each dtype asked for).
-fn single(a: &CheckArgs, dtypes: &[DType]) -> Vec<Config> {
+fn single(a: &CheckArgs, dtypes: &[DType]) -> CliResult<Vec<Config>> {
+    let window = a.mask.window()?;
     let n = a.seqlen.unwrap_or(512);
     let heads = a.heads.unwrap_or(8);
     let d = a.head_dim.unwrap_or(64);
-    dtypes
+    let configs = dtypes
         .iter()
         .map(|&t| {
             let mut c = Config::new(a.batch.unwrap_or(2), heads, n, d)
@@ -54,14 +55,15 @@ fn single(a: &CheckArgs, dtypes: &[DType]) -> Vec<Config> {
                 .layout(a.layout)
                 .dtype(t);
             c.dv = a.head_dim_v.unwrap_or(d);
-            c.window = a.mask.window();
+            c.window = window;
             c.softcap = a.mask.softcap;
             c.scale = a.mask.scale;
             c.alibi = a.alibi;
             c.bias = a.bias;
             c
         })
-        .collect()
+        .collect::<Vec<_>>();
+    Ok(configs)
 }
 
 fn verdict(pass: bool) -> &'static str {
@@ -126,7 +128,7 @@ pub fn run(a: &CheckArgs) -> CliResult<bool> {
         } else {
             a.dtype.clone()
         };
-        single(a, &dtypes)
+        single(a, &dtypes)?
     } else {
         let dtypes = if a.dtype.is_empty() {
             ALL_DTYPES.to_vec()

@@ -1,22 +1,19 @@
-//! `bench --json`: every figure, one object per configuration and method (and, with
-//! `--paired`, one per configuration paired causal against full).
+//! `bench --json`: every figure, one object per configuration and method.
 
 use std::path::Path;
 
-use flashattn::Device;
 use serde::Serialize;
 
 use super::bench::{Pass, Row, StandardOutcome};
 use super::inputs::Config;
 use super::output::write_bytes_atomic;
-use super::paired::PairedRow;
 use super::timing::Measurement;
 use super::{CliResult, fail};
 
 /// One configuration and method.
 #[derive(Serialize)]
 struct Record {
-    /// `flashattn`, `standard`, or `paired` (causal against full, `--paired`).
+    /// `flashattn` or `standard`.
     method: &'static str,
     device: String,
     dtype: &'static str,
@@ -49,13 +46,6 @@ struct Record {
     /// The sgemm rate `gemm_percent` is a share of, in GFLOP/s: the mean of the sgemm timed just
     /// before and just after flashattn (median over the rounds); `null` where `gemm_percent` is.
     gemm_gflops: Option<f64>,
-    /// `paired` records: the median over the pairs of calls of causal's time per visible
-    /// (query, key) pair over full's (1.0: as fast per FLOP); `null` on the others.
-    causal_over_full: Option<f64>,
-    /// `paired` records: the lower and upper quartiles of those ratios; `null` on the others.
-    causal_over_full_quartiles: Option<[f64; 2]>,
-    /// `paired` records: the pairs of calls timed; `null` on the others.
-    pairs: Option<u32>,
 }
 
 fn record(r: &Row, method: &'static str, device: String, m: Option<&Measurement>) -> Record {
@@ -89,25 +79,11 @@ fn config_record(c: &Config, pass: Pass, method: &'static str, device: String) -
         skipped: None,
         gemm_percent: None,
         gemm_gflops: None,
-        causal_over_full: None,
-        causal_over_full_quartiles: None,
-        pairs: None,
     }
 }
 
-/// The record of one paired configuration: its causal mask, and the ratios.
-fn paired_record(p: &PairedRow) -> Record {
-    let causal = p.config.clone().causal();
-    let mut rec = config_record(&causal, p.pass, "paired", Device::Cpu.to_string());
-    let [lo, mid, hi] = p.quartiles;
-    rec.causal_over_full = Some(mid);
-    rec.causal_over_full_quartiles = Some([lo, hi]);
-    rec.pairs = Some(p.pairs);
-    rec
-}
-
-/// The records of `rows` and `paired` as a JSON array.
-pub fn to_json(rows: &[Row], paired: &[PairedRow]) -> CliResult<String> {
+/// The records of `rows` as a JSON array.
+pub fn to_json(rows: &[Row]) -> CliResult<String> {
     let mut records = Vec::new();
     for r in rows {
         let mut flash = record(r, "flashattn", r.device.to_string(), Some(&r.flash));
@@ -123,13 +99,12 @@ pub fn to_json(rows: &[Row], paired: &[PairedRow]) -> CliResult<String> {
             }
         }
     }
-    records.extend(paired.iter().map(paired_record));
     serde_json::to_string_pretty(&records).map_err(|e| fail(format!("json: {e}")))
 }
 
-/// Writes the records of `rows` and `paired` to `path` (atomically).
-pub fn write(path: &Path, rows: &[Row], paired: &[PairedRow]) -> CliResult<()> {
-    let mut text = to_json(rows, paired)?;
+/// Writes the records of `rows` to `path` (atomically).
+pub fn write(path: &Path, rows: &[Row]) -> CliResult<()> {
+    let mut text = to_json(rows)?;
     text.push('\n');
     write_bytes_atomic(path, text.as_bytes())
 }

@@ -243,6 +243,22 @@ fn prepare(f: &FileInputs, mask: &AttentionParams) -> CliResult<Prepared> {
     })
 }
 
+/// Warns on stderr about each input tensor that holds NaN or infinite values: attention does not
+/// refuse them, and the results they reach are not finite.
+fn warn_non_finite(tensors: &[NamedTensor]) {
+    for t in tensors {
+        let (nan, inf) = t.data.non_finite();
+        if nan + inf > 0 {
+            eprintln!(
+                "warning: tensor `{}` holds {nan} NaN and {inf} infinite values (of {}): the \
+                 results they reach will not be finite",
+                t.name,
+                t.shape.iter().product::<usize>()
+            );
+        }
+    }
+}
+
 /// A result in the file's layout (q/k/v-like results are transposed back for `bhnd`).
 fn named(name: &str, t: &Tensor, layout: Layout, qkv_like: bool) -> CliResult<NamedTensor> {
     let host = device::download(t)?;
@@ -289,8 +305,10 @@ pub fn run(a: &RunArgs) -> CliResult<()> {
         layout: a.layout,
         varlen,
     };
-    let x = prepare(&file, &a.mask.params())?;
+    let x = prepare(&file, &a.mask.params()?)?;
+    warn_non_finite(&tensors);
     tensor_files::check_storable(&a.output, out_format, x.dtype)?;
+    let out_file = output::PendingFile::create(&a.output)?;
 
     let on = |t: &Tensor| device::to_device(t, a.device);
     let mut params = x.params.clone();
@@ -311,7 +329,7 @@ pub fn run(a: &RunArgs) -> CliResult<()> {
             results.push(named("dbias", db, a.layout, false)?);
         }
     }
-    tensor_files::write(&a.output, &results)?;
+    tensor_files::write(out_file, &results)?;
     let names: Vec<String> = results
         .iter()
         .map(|t| format!("{} {:?} {}", t.name, t.shape, t.data.dtype_name()))

@@ -1,16 +1,19 @@
 //! Named tensors in files: `.safetensors` (every dtype) and `.npz` (numpy's savez and
 //! savez_compressed archives of `.npy` arrays: f32, f16, int32; numpy has no bfloat16). A `.npy`
 //! file holds a single unnamed array, so it cannot carry q, k and v: it is refused with a message.
+//! The `.npy` arrays are read and written by `npyz`; the archive by `zip` (npyz's own `npz`
+//! feature would bring in a second, older zip).
 
 use std::io::{Read, Write};
 use std::path::Path;
 
 use flashattn::{DType, Tensor};
 use half::{bf16, f16};
-use safetensors::tensor::{Dtype as StDtype, SafeTensors, TensorView};
+use npyz::TypeChar;
+use safetensors::tensor::{Dtype as StDtype, SafeTensors, TensorInfo, TensorView};
 
-use super::output::write_atomic;
-use super::{CliResult, fail, npy};
+use super::output::PendingFile;
+use super::{CliResult, fail};
 
 /// The elements of one tensor, as stored.
 #[derive(Clone, Debug)]
@@ -42,6 +45,21 @@ impl Data {
             Data::F16(_) => Some(DType::F16),
             Data::BF16(_) => Some(DType::BF16),
             Data::I32(_) | Data::Other(_) => None,
+        }
+    }
+
+    /// How many elements are NaN and how many infinite (floats only; 0 and 0 otherwise).
+    pub fn non_finite(&self) -> (usize, usize) {
+        fn count<T: Copy>(v: &[T], nan: fn(T) -> bool, inf: fn(T) -> bool) -> (usize, usize) {
+            v.iter().fold((0, 0), |(n, i), &x| {
+                (n + usize::from(nan(x)), i + usize::from(inf(x)))
+            })
+        }
+        match self {
+            Data::F32(v) => count(v, f32::is_nan, f32::is_infinite),
+            Data::F16(v) => count(v, f16::is_nan, f16::is_infinite),
+            Data::BF16(v) => count(v, bf16::is_nan, bf16::is_infinite),
+            Data::I32(_) | Data::Other(_) => (0, 0),
         }
     }
 
@@ -139,10 +157,68 @@ fn from_le<const N: usize, T>(bytes: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
         .collect()
 }
 
+/// Why the header of a safetensors file refused by the safetensors crate is wrong, naming the
+/// tensor at fault: the crate's own message names none for a shape that disagrees with its data
+/// offsets, or for data that ends short of or past the file. `None` where the header does not
+/// parse or no tensor is at fault.
+fn bad_tensor(bytes: &[u8]) -> Option<String> {
+    let len = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
+    let header = std::str::from_utf8(bytes.get(8..8usize.checked_add(len)?)?).ok()?;
+    let data_len = bytes.len() - 8 - len;
+    let entries: std::collections::BTreeMap<String, serde_json::Value> =
+        serde_json::from_str(header).ok()?;
+    let mut infos = entries
+        .into_iter()
+        .filter(|(name, _)| name != "__metadata__")
+        .map(|(name, v)| Some((name, serde_json::from_value::<TensorInfo>(v).ok()?)))
+        .collect::<Option<Vec<_>>>()?;
+    // The data of the tensors follow one another in the order of their offsets.
+    infos.sort_by_key(|(_, info)| info.data_offsets);
+    let mut end = 0;
+    for (name, info) in &infos {
+        let (start, stop) = info.data_offsets;
+        let (shape, dtype) = (&info.shape, info.dtype);
+        let bits = shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .and_then(|n| n.checked_mul(dtype.bitsize()));
+        let fault = match bits {
+            None => Some(format!("shape {shape:?} of {dtype} is too large")),
+            Some(b) if b % 8 != 0 => Some(format!("shape {shape:?} of {dtype} is not whole bytes")),
+            Some(_) if start != end || stop < start => Some(format!(
+                "data_offsets [{start}, {stop}] do not start where the previous tensor's data \
+                 ends ({end})"
+            )),
+            Some(b) if stop - start != b / 8 => Some(format!(
+                "shape {shape:?} of {dtype} needs {} bytes, but data_offsets [{start}, {stop}] \
+                 hold {}",
+                b / 8,
+                stop - start
+            )),
+            Some(_) if stop > data_len => Some(format!(
+                "data_offsets [{start}, {stop}] run past the end of the data ({data_len} bytes)"
+            )),
+            Some(_) => None,
+        };
+        if let Some(fault) = fault {
+            return Some(format!("tensor `{name}`: {fault}"));
+        }
+        end = stop;
+    }
+    let (name, _) = infos.last()?;
+    (end < data_len).then(|| {
+        format!(
+            "tensor `{name}`, the last in the file, ends at byte {end} of the data, but the \
+             data holds {data_len} bytes"
+        )
+    })
+}
+
 fn read_safetensors(path: &Path, bytes: &[u8]) -> CliResult<Vec<NamedTensor>> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| {
+        let why = bad_tensor(bytes).unwrap_or_else(|| e.to_string());
         fail(format!(
-            "--input {}: not a valid safetensors file: {e}",
+            "--input {}: not a valid safetensors file: {why}",
             path.display()
         ))
     })?;
@@ -169,6 +245,68 @@ fn read_safetensors(path: &Path, bytes: &[u8]) -> CliResult<Vec<NamedTensor>> {
     Ok(out)
 }
 
+/// One `.npy` array: its shape and elements. f4, f2 and i4 of either byte order are read; any
+/// other dtype is kept by its numpy name, for the caller to refuse by tensor.
+fn read_npy(r: impl Read) -> Result<(Vec<usize>, Data), String> {
+    let npy = npyz::NpyFile::new(r).map_err(|e| format!("not a .npy array: {e}"))?;
+    if npy.order() == npyz::Order::Fortran {
+        return Err(
+            "Fortran-ordered array (save it C-contiguous, e.g. with np.ascontiguousarray)".into(),
+        );
+    }
+    let shape = npy
+        .shape()
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| format!("dimension {d} is too large")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (plain, name) = match npy.dtype() {
+        npyz::DType::Plain(t) => (Some((t.type_char(), t.size_field())), t.to_string()),
+        other => (None, other.descr()),
+    };
+    let data = match plain {
+        Some((TypeChar::Float, 4)) => npy.into_vec().map(Data::F32),
+        Some((TypeChar::Float, 2)) => npy.into_vec().map(Data::F16),
+        Some((TypeChar::Int, 4)) => npy.into_vec().map(Data::I32),
+        _ => return Ok((shape, Data::Other(format!("numpy {name}")))),
+    };
+    Ok((
+        shape,
+        data.map_err(|e| format!("cannot read the data: {e}"))?,
+    ))
+}
+
+/// Writes one `.npy` array of `shape` (C order, the machine's byte order).
+fn write_npy(w: impl Write, shape: &[usize], data: &Data) -> Result<(), String> {
+    fn put<T: npyz::AutoSerialize + Copy>(
+        w: impl Write,
+        shape: &[u64],
+        v: &[T],
+    ) -> std::io::Result<()> {
+        use npyz::WriterBuilder as _;
+        let mut writer = npyz::WriteOptions::new()
+            .default_dtype()
+            .shape(shape)
+            .writer(w)
+            .begin_nd()?;
+        writer.extend(v.iter().copied())?;
+        writer.finish()
+    }
+    let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+    match data {
+        Data::F32(v) => put(w, &shape, v),
+        Data::F16(v) => put(w, &shape, v),
+        Data::I32(v) => put(w, &shape, v),
+        Data::BF16(_) | Data::Other(_) => {
+            return Err(format!(
+                "{} cannot be stored in .npz (numpy has no such dtype): write .safetensors \
+                 instead",
+                data.dtype_name()
+            ));
+        }
+    }
+    .map_err(|e| e.to_string())
+}
+
 fn read_npz(path: &Path) -> CliResult<Vec<NamedTensor>> {
     let bad = |e: String| fail(format!("--input {}: {e}", path.display()));
     let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
@@ -181,15 +319,11 @@ fn read_npz(path: &Path) -> CliResult<Vec<NamedTensor>> {
             .name()
             .map_err(|e| bad(format!("entry {i}: {e}")))?
             .to_string();
-        let name = entry_name
-            .strip_suffix(".npy")
+        let name = npyz::npz::array_name_from_file_name(&entry_name)
             .ok_or_else(|| bad(format!("entry `{entry_name}` is not a .npy array")))?
             .to_string();
-        let mut bytes = Vec::new();
-        entry
-            .read_to_end(&mut bytes)
-            .map_err(|e| bad(format!("entry `{entry_name}`: {e}")))?;
-        let (shape, data) = npy::parse(&bytes).map_err(|e| bad(format!("tensor `{name}`: {e}")))?;
+        let (shape, data) =
+            read_npy(&mut entry).map_err(|e| bad(format!("tensor `{name}`: {e}")))?;
         out.push(NamedTensor { name, shape, data });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -259,26 +393,98 @@ fn write_npz(file: &mut std::fs::File, tensors: &[NamedTensor]) -> CliResult<()>
         .compression_method(zip::CompressionMethod::Stored)
         .large_file(true);
     for t in tensors {
-        let bytes =
-            npy::write(&t.shape, &t.data).map_err(|e| fail(format!("`{}`: {e}", t.name)))?;
-        zip.start_file(format!("{}.npy", t.name), options)
-            .and_then(|()| zip.write_all(&bytes).map_err(Into::into))
+        zip.start_file(npyz::npz::file_name_from_array_name(&t.name), options)
             .map_err(|e| fail(format!("npz: {e}")))?;
+        write_npy(&mut zip, &t.shape, &t.data)
+            .map_err(|e| fail(format!("tensor `{}`: {e}", t.name)))?;
     }
     zip.finish().map_err(|e| fail(format!("npz: {e}")))?;
     Ok(())
 }
 
-/// Writes `tensors` to `path` in its format, atomically (a temporary file renamed).
-pub fn write(path: &Path, tensors: &[NamedTensor]) -> CliResult<()> {
-    match format_of(path, "--output")? {
+/// Writes `tensors` in the format of `file`'s destination and renames it into place.
+pub fn write(file: PendingFile, tensors: &[NamedTensor]) -> CliResult<()> {
+    let path = file.path().to_path_buf();
+    match format_of(&path, "--output")? {
         Format::Safetensors => {
             let bytes = safetensors_bytes(tensors)?;
-            write_atomic(path, |f| {
+            file.finish(|f| {
                 f.write_all(&bytes)
                     .map_err(|e| fail(format!("cannot write {}: {e}", path.display())))
             })
         }
-        Format::Npz => write_atomic(path, |f| write_npz(f, tensors)),
+        Format::Npz => file.finish(|f| write_npz(f, tensors)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use npyz::WriterBuilder as _;
+
+    fn npy_bytes(data: &Data, shape: &[usize]) -> Vec<u8> {
+        let mut b = Vec::new();
+        write_npy(&mut b, shape, data).unwrap();
+        b
+    }
+
+    #[test]
+    fn npy_round_trip_keeps_shape_dtype_and_values() {
+        let cases = [
+            (Data::F32(vec![1.0, -2.5, 3.25, 0.0, 7.0, 8.5]), vec![2, 3]),
+            (
+                Data::F16([0.5f32, -1.0, 65504.0].map(f16::from_f32).to_vec()),
+                vec![3],
+            ),
+            (Data::I32(vec![0, 5, -9, 1 << 30]), vec![2, 1, 2]),
+            (Data::F32(vec![4.0]), vec![]),
+        ];
+        for (data, shape) in cases {
+            let (back_shape, back) = read_npy(&npy_bytes(&data, &shape)[..]).unwrap();
+            assert_eq!(back_shape, shape);
+            assert_eq!(format!("{back:?}"), format!("{data:?}"));
+        }
+        let bf = Data::BF16(vec![bf16::ONE]);
+        assert!(
+            write_npy(Vec::new(), &[1], &bf)
+                .unwrap_err()
+                .contains("bf16")
+        );
+    }
+
+    #[test]
+    fn other_npy_arrays_are_named_or_refused_not_misread() {
+        let f64s = |order: npyz::Order| {
+            let mut b = Vec::new();
+            let mut w = npyz::WriteOptions::<f64>::new()
+                .default_dtype()
+                .order(order)
+                .shape(&[2])
+                .writer(&mut b)
+                .begin_nd()
+                .unwrap();
+            w.extend([1.0, 2.0]).unwrap();
+            w.finish().unwrap();
+            b
+        };
+        let c_order = f64s(npyz::Order::C);
+        assert!(matches!(read_npy(&c_order[..]).unwrap().1, Data::Other(d) if d == "numpy <f8"));
+        let fortran = f64s(npyz::Order::Fortran);
+        assert!(read_npy(&fortran[..]).unwrap_err().contains("Fortran"));
+        // Big-endian f4, as numpy writes it with dtype '>f4': the same values.
+        let mut big = Vec::new();
+        let mut w = npyz::WriteOptions::<f32>::new()
+            .dtype(npyz::DType::Plain(">f4".parse().unwrap()))
+            .shape(&[2])
+            .writer(&mut big)
+            .begin_nd()
+            .unwrap();
+        w.extend([1.5f32, -3.0]).unwrap();
+        w.finish().unwrap();
+        assert!(matches!(read_npy(&big[..]).unwrap().1, Data::F32(v) if v == [1.5, -3.0]));
+        let full = npy_bytes(&Data::F32(vec![0.0; 100]), &[100]);
+        let cut = read_npy(&full[..full.len() - 8]).unwrap_err();
+        assert!(cut.contains("cannot read the data"), "{cut}");
+        assert!(read_npy(&b"PK\x03\x04 not npy"[..]).is_err());
     }
 }

@@ -203,93 +203,26 @@ fn bench_rounds_and_the_gemm_ceiling() {
 }
 
 #[test]
-fn bench_pairs_causal_with_full_calls() {
-    let dir = Dir::new();
-    let json = dir.path("p.json");
-    let mut args = vec!["bench", "--seqlens", "64", "--paired", "5", "--no-standard"];
-    args.extend(SMALL);
-    args.extend(["--json", s(&json)]);
-    let o = flashattn(&args);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let text = stdout(&o);
-    let head = text
-        .lines()
-        .position(|l| l.starts_with("causal against full") && l.contains("5 interleaved pairs"))
-        .unwrap_or_else(|| panic!("no paired table in\n{text}"));
-    // The heading, the column names, a rule, then one row: forward f32 1 2 64 64 16 r lo-hi.
-    let row: Vec<&str> = text
-        .lines()
-        .nth(head + 3)
-        .unwrap()
-        .split_whitespace()
-        .collect();
-    assert_eq!(
-        row[..7],
-        ["forward", "f32", "1", "2", "64", "64", "16"],
-        "{text}"
-    );
-    let ratio: f64 = row[7].parse().unwrap();
-    let (lo, hi) = row[8].split_once('-').unwrap();
-    let (lo, hi): (f64, f64) = (lo.parse().unwrap(), hi.parse().unwrap());
-    assert!(ratio > 0.0 && lo <= ratio && ratio <= hi, "{text}");
-    // The JSON holds the same figures in a record of its own; the others have none.
-    let records: Vec<serde_json::Value> =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!(records.len(), 2 * 2 + 1, "masks x methods, and the pair");
-    let pair = &records[records.len() - 1];
-    assert_eq!(
-        (&pair["method"], &pair["causal"], &pair["pairs"]),
-        (&"paired".into(), &true.into(), &5.into()),
-        "{pair}"
-    );
-    let median = pair["causal_over_full"].as_f64().unwrap();
-    let q = &pair["causal_over_full_quartiles"];
-    assert!((median - ratio).abs() <= 5e-4, "{pair} against {ratio}");
-    assert!((q[0].as_f64().unwrap() - lo).abs() <= 5e-4, "{pair}");
-    assert!((q[1].as_f64().unwrap() - hi).abs() <= 5e-4, "{pair}");
-    assert!(
-        pair["time_ms"].is_null() && pair["gflops"].is_null(),
-        "{pair}"
-    );
-    for r in &records[..records.len() - 1] {
-        assert!(
-            r["causal_over_full"].is_null() && r["pairs"].is_null(),
-            "{r}"
-        );
-    }
-    let o = flashattn(&["bench", "--paired", "0"]);
-    assert_eq!(o.status.code(), Some(2));
-    let o = flashattn(&["bench", "--paired", "2", "--device", "cuda"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("--paired"), "{}", stderr(&o));
-}
-
-#[test]
 fn bench_times_each_layout() {
     let dir = Dir::new();
     let json = dir.path("l.json");
     let mut args = vec!["bench", "--seqlens", "64", "--layout", "bnhd,bhnd"];
-    args.extend(["--causal", "no", "--no-standard", "--paired", "3"]);
+    args.extend(["--causal", "no", "--no-standard"]);
     args.extend(SMALL);
     args.extend(["--json", s(&json)]);
     let o = flashattn(&args);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
-    // Both tables name the layout of each row: the sweep's `forward full f32 bhnd 1 2 64 ..`,
-    // the pairs' `forward f32 bhnd 1 2 64 ..`.
+    // The table names the layout of each row: `forward full f32 bhnd 1 2 64 ..`.
     for layout in ["bnhd", "bhnd"] {
-        for row in [
-            format!("forward full f32 {layout} 1 2 64 "),
-            format!("forward f32 {layout} 1 2 64 "),
-        ] {
-            let found = text.lines().any(|l| {
-                l.split_whitespace()
-                    .collect::<Vec<_>>()
-                    .join(" ")
-                    .starts_with(&row)
-            });
-            assert!(found, "no `{row}` row in\n{text}");
-        }
+        let row = format!("forward full f32 {layout} 1 2 64 ");
+        let found = text.lines().any(|l| {
+            l.split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+                .starts_with(&row)
+        });
+        assert!(found, "no `{row}` row in\n{text}");
     }
     let records: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
@@ -299,15 +232,7 @@ fn bench_times_each_layout() {
         .filter(|r| r["method"] != "standard")
         .map(|r| (r["method"].as_str().unwrap(), r["layout"].as_str().unwrap()))
         .collect();
-    assert_eq!(
-        layouts,
-        [
-            ("flashattn", "bnhd"),
-            ("flashattn", "bhnd"),
-            ("paired", "bnhd"),
-            ("paired", "bhnd")
-        ]
-    );
+    assert_eq!(layouts, [("flashattn", "bnhd"), ("flashattn", "bhnd")]);
     // The default is FlashAttention's layout alone, with no column for it.
     let mut args = vec![
         "bench",

@@ -196,3 +196,128 @@ fn run_file_errors_exit_2_and_keep_existing_outputs() {
     );
     assert!(!dir.path("out.npz").exists() && !dir.path("out.txt").exists());
 }
+
+/// A safetensors file of `header` (the JSON) and `data_len` zero bytes of data.
+fn raw_safetensors(path: &std::path::Path, header: &str, data_len: usize) {
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.resize(bytes.len() + data_len, 0);
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn a_bad_safetensors_header_is_reported_by_tensor() {
+    let dir = Dir::new();
+    let (input, output) = (dir.path("in.safetensors"), dir.path("out.safetensors"));
+    // k: 12·2·8 f32 = 768 bytes, q: 10·4·8 f32 = 1280, v: 768, so 2816 bytes of data.
+    let header = |q_shape: &str, v_offsets: &str| {
+        format!(
+            r#"{{"k":{{"dtype":"F32","shape":[1,12,2,8],"data_offsets":[0,768]}},
+            "q":{{"dtype":"F32","shape":{q_shape},"data_offsets":[768,2048]}},
+            "v":{{"dtype":"F32","shape":[1,12,2,8],"data_offsets":{v_offsets}}}}}"#
+        )
+    };
+    let cases: [(String, usize, &[&str]); 4] = [
+        (
+            header("[1,10,4,9]", "[2048,2816]"),
+            2816,
+            &[
+                "tensor `q`",
+                "[1, 10, 4, 9]",
+                "needs 1440 bytes",
+                "hold 1280",
+            ],
+        ),
+        (
+            header("[1,10,4,8]", "[2048,2816]"),
+            2500,
+            &["tensor `v`", "past the end of the data (2500 bytes)"],
+        ),
+        (
+            header("[1,10,4,8]", "[2048,2816]"),
+            3000,
+            &["tensor `v`", "the last", "ends at byte 2816", "3000 bytes"],
+        ),
+        (
+            header("[1,10,4,8]", "[2000,2768]"),
+            2768,
+            &["tensor `v`", "[2000, 2768]"],
+        ),
+    ];
+    for (header, data_len, needles) in cases {
+        raw_safetensors(&input, &header, data_len);
+        let o = flashattn(&["run", "--input", s(&input), "--output", s(&output)]);
+        assert_eq!(o.status.code(), Some(2), "exit status");
+        let err = stderr(&o);
+        assert!(err.contains("not a valid safetensors file"), "{err}");
+        for n in needles {
+            assert!(err.contains(n), "`{n}` not in: {err}");
+        }
+        assert!(!output.exists());
+    }
+}
+
+#[test]
+fn causal_takes_a_right_window_of_zero_and_refuses_any_other() {
+    let mut rng = StdRng::seed_from_u64(309);
+    let dir = Dir::new();
+    let input = dir.path("in.safetensors");
+    write_safetensors(&input, &qkv(&mut rng, Dtype::F32));
+    let run = |name: &str, opts: &[&str]| {
+        let output = dir.path(name);
+        let mut args = vec!["run", "--input", s(&input), "--output", s(&output)];
+        args.extend_from_slice(opts);
+        (flashattn(&args), output)
+    };
+    let (o, causal) = run("causal.safetensors", &["--causal"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (o, with_zero) = run("zero.safetensors", &["--causal", "--window-right", "0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(&causal).unwrap(),
+        std::fs::read(&with_zero).unwrap(),
+        "--window-right 0 beside --causal changes nothing"
+    );
+    let (o, refused) = run("three.safetensors", &["--causal", "--window-right", "3"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--window-right 3"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--causal"), "{}", stderr(&o));
+    assert!(!refused.exists());
+    let o = flashattn(&["check", "--seqlen", "16", "--causal", "--window-right", "1"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--window-right 1"), "{}", stderr(&o));
+}
+
+#[test]
+fn non_finite_inputs_are_named_in_a_warning() {
+    let mut rng = StdRng::seed_from_u64(311);
+    let dir = Dir::new();
+    let (input, output) = (dir.path("in.safetensors"), dir.path("out.safetensors"));
+    let mut x = qkv(&mut rng, Dtype::F16);
+    let o = {
+        write_safetensors(&input, &x);
+        flashattn(&["run", "--input", s(&input), "--output", s(&output)])
+    };
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
+    x[0].values[5] = f32::NAN;
+    x[0].values[17] = f32::NAN;
+    x[2].values[3] = f32::NEG_INFINITY;
+    write_safetensors(&input, &x);
+    let err = stderr(&flashattn(&[
+        "run",
+        "--input",
+        s(&input),
+        "--output",
+        s(&output),
+    ]));
+    assert!(
+        err.contains("warning: tensor `q` holds 2 NaN and 0 infinite values (of 320)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("warning: tensor `v` holds 0 NaN and 1 infinite values (of 192)"),
+        "{err}"
+    );
+    assert!(!err.contains("tensor `k`"), "{err}");
+}

@@ -243,11 +243,17 @@ fn run_half_precision_is_within_twice_the_standard_error() {
     }
 }
 
-/// A `.npy` array (format 1.0) of f32 values, as numpy writes it.
-fn npy_f32(shape: &[usize], values: &[f32]) -> Vec<u8> {
-    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+/// A `.npy` array (format 1.0) of the input's values in its dtype (`<f4` or `<f2`), as numpy
+/// writes it.
+fn npy(x: &Input) -> Vec<u8> {
+    let descr = match x.dtype {
+        Dtype::F32 => "<f4",
+        Dtype::F16 => "<f2",
+        other => panic!("no .npy writer for {other}"),
+    };
+    let dims: Vec<String> = x.shape.iter().map(|d| d.to_string()).collect();
     let mut header = format!(
-        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
+        "{{'descr': '{descr}', 'fortran_order': False, 'shape': ({},), }}",
         dims.join(", ")
     );
     while (10 + header.len() + 1) % 64 != 0 {
@@ -257,23 +263,43 @@ fn npy_f32(shape: &[usize], values: &[f32]) -> Vec<u8> {
     let mut b = b"\x93NUMPY\x01\x00".to_vec();
     b.extend_from_slice(&(header.len() as u16).to_le_bytes());
     b.extend_from_slice(header.as_bytes());
-    values
-        .iter()
-        .for_each(|v| b.extend_from_slice(&v.to_le_bytes()));
+    b.extend_from_slice(&le_bytes(x));
     b
 }
 
-/// The f32 data of `name` in an .npz written by `run`.
-fn npz_f32(path: &Path, name: &str) -> Vec<f32> {
+/// Writes `inputs` as an .npz archive (numpy's savez).
+fn write_npz(path: &Path, inputs: &[Input]) {
+    let mut zip = zip::ZipWriter::new(std::fs::File::create(path).unwrap());
+    for x in inputs {
+        zip.start_file(
+            format!("{}.npy", x.name),
+            zip::write::SimpleFileOptions::default(),
+        )
+        .unwrap();
+        zip.write_all(&npy(x)).unwrap();
+    }
+    zip.finish().unwrap();
+}
+
+/// The type string and the raw data of `name` in an .npz written by `run`.
+fn npz_array(path: &Path, name: &str) -> (String, Vec<u8>) {
     let mut zip = zip::ZipArchive::new(std::fs::File::open(path).unwrap()).unwrap();
     let mut entry = zip.by_name(&format!("{name}.npy")).unwrap();
     let mut bytes = Vec::new();
     std::io::Read::read_to_end(&mut entry, &mut bytes).unwrap();
+    assert_eq!(&bytes[..8], b"\x93NUMPY\x01\x00", "format 1.0");
     let len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
     let header = std::str::from_utf8(&bytes[10..10 + len]).unwrap();
-    assert!(header.contains("'<f4'"), "{header}");
-    bytes[10 + len..]
-        .chunks_exact(4)
+    assert!(header.contains("'fortran_order': False"), "{header}");
+    let descr = header.split('\'').nth(3).unwrap().to_string();
+    (descr, bytes[10 + len..].to_vec())
+}
+
+/// The f32 data of `name` in an .npz written by `run`.
+fn npz_f32(path: &Path, name: &str) -> Vec<f32> {
+    let (descr, data) = npz_array(path, name);
+    assert_eq!(descr, "<f4");
+    data.chunks_exact(4)
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect()
 }
@@ -288,16 +314,7 @@ fn run_reads_and_writes_npz() {
         random(&mut rng, "v", &[1, 45, 2, 16], Dtype::F32),
     ];
     let input = dir.path("in.npz");
-    let mut zip = zip::ZipWriter::new(std::fs::File::create(&input).unwrap());
-    for x in &inputs {
-        zip.start_file(
-            format!("{}.npy", x.name),
-            zip::write::SimpleFileOptions::default(),
-        )
-        .unwrap();
-        zip.write_all(&npy_f32(&x.shape, &x.values)).unwrap();
-    }
-    zip.finish().unwrap();
+    write_npz(&input, &inputs);
     let output = dir.path("out.npz");
     let o = flashattn(&[
         "run",
@@ -314,4 +331,30 @@ fn run_reads_and_writes_npz() {
     let err = rel(&out, &want.out, norm(&want.out));
     assert!(err <= 1e-5, "npz out rel {err}");
     assert_eq!(npz_f32(&output, "lse").len(), 2 * 33);
+}
+
+#[test]
+fn run_keeps_f16_through_npz_as_through_safetensors() {
+    let mut rng = StdRng::seed_from_u64(312);
+    let dir = Dir::new();
+    let inputs = [
+        random(&mut rng, "q", &[2, 21, 4, 8], Dtype::F16),
+        random(&mut rng, "k", &[2, 30, 2, 8], Dtype::F16),
+        random(&mut rng, "v", &[2, 30, 2, 8], Dtype::F16),
+    ];
+    let (npz_in, npz_out) = (dir.path("in.npz"), dir.path("out.npz"));
+    write_npz(&npz_in, &inputs);
+    let o = flashattn(&["run", "--input", s(&npz_in), "--output", s(&npz_out)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let via_safetensors = round_trip(&dir, &inputs, &[]);
+    let (descr, data) = npz_array(&npz_out, "out");
+    assert_eq!(descr, "<f2");
+    let via_npz: Vec<f64> = data
+        .chunks_exact(2)
+        .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64())
+        .collect();
+    let (shape, dtype, want) = &via_safetensors["out"];
+    assert_eq!((shape, *dtype), (&vec![2, 21, 4, 8], Dtype::F16));
+    assert_eq!(&via_npz, want, "the same f16 results in either file");
+    assert_eq!(npz_f32(&npz_out, "lse").len(), 2 * 4 * 21);
 }

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 
 use flashattn::{DType, Tensor};
 use half::{bf16, f16};
@@ -51,6 +51,16 @@ pub fn flashattn(args: &[&str]) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
+}
+
+/// Starts the binary with `args`, its output discarded.
+pub fn spawn(args: &[&str]) -> Child {
+    Command::new(binary())
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the flashattn binary starts")
 }
 
 pub fn stdout(o: &Output) -> String {
