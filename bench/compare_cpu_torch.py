@@ -31,6 +31,7 @@ but runs on a machine without a GPU; the CPU-only index is download.pytorch.org/
     /work/torch-cpu-venv/bin/pip install torch numpy
     cargo build --release
     /work/torch-cpu-venv/bin/python bench/compare_cpu_torch.py --seqlens 1024,4096 --rounds 3
+    # two builds side by side: --flashattn before=/tmp/old/flashattn,after=target/release/flashattn
 """
 import argparse
 import json
@@ -44,7 +45,9 @@ import time
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--flashattn", default="target/release/flashattn", help="the release CLI")
+    p.add_argument("--flashattn", default="target/release/flashattn",
+                   help="the release CLI, or several as LABEL=PATH,LABEL=PATH (e.g. two commits' "
+                        "builds, timed in the same interleaved rounds)")
     p.add_argument("--seqlens", default="1024,4096")
     p.add_argument("--causal", default="both", choices=["both", "true", "false"])
     p.add_argument("--pass", dest="passes", default="forward",
@@ -135,11 +138,20 @@ def run_gemm(torch, args, gen):
     return time_calls(lambda: torch.matmul(a, b), args.warmup, 2 * args.samples)
 
 
-def run_flashattn(args, n, causal, pass_, seed):
+def binaries(spec):
+    """The CLIs to time, as (label, path): `PATH` alone is labelled flashattn."""
+    out = []
+    for item in spec.split(","):
+        label, _, path = item.rpartition("=")
+        out.append((label or "flashattn", path))
+    return out
+
+
+def run_flashattn(args, binary, n, causal, pass_, seed):
     """GFLOP/s of the CLI's fastest of --samples runs (after its one untimed run)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "fa.json")
-        cmd = [args.flashattn, "bench", "--device", "cpu", "--dtype", "f32",
+        cmd = [binary, "bench", "--device", "cpu", "--dtype", "f32",
                "--seqlens", str(n), "--head-dims", str(args.head_dim), "--pass", pass_,
                "--causal", "yes" if causal else "no", "--batch", str(args.batch),
                "--heads", str(args.heads), "--repeats", str(args.samples), "--no-standard",
@@ -163,8 +175,10 @@ def rates(flops, wall, cpu, threads):
 def main():
     args = parse_args()
     import torch
-    if not os.access(args.flashattn, os.X_OK):
-        sys.exit(f"{args.flashattn} not found: run `cargo build --release` (or pass --flashattn)")
+    bins = binaries(args.flashattn)
+    for _, path in bins:
+        if not os.access(path, os.X_OK):
+            sys.exit(f"{path} not found: run `cargo build --release` (or pass --flashattn)")
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(2026)
     seqlens = [int(x) for x in args.seqlens.split(",")]
@@ -178,7 +192,7 @@ def main():
     errors = {s: check_flash(torch, args, *s, gen) for s in shapes}
     gemm = {"wall": [], "cpu": 0.0}
     th = {s: {"wall": [], "cpu": 0.0} for s in shapes}
-    fa = {s: [] for s in shapes}
+    fa = {(label, s): [] for label, _ in bins for s in shapes}
     for rnd in range(args.rounds):
         print(f"round {rnd + 1} of {args.rounds}", flush=True)
         wall, cpu = run_gemm(torch, args, gen)
@@ -191,7 +205,9 @@ def main():
                 th[s]["cpu"] += cpu
 
             def fa_side():
-                fa[s].append(run_flashattn(args, *s, seed=2026 + rnd))
+                # The binaries' order turns with the rounds too.
+                for label, path in (bins if rnd % 2 == 0 else bins[::-1]):
+                    fa[(label, s)].append(run_flashattn(args, path, *s, seed=2026 + rnd))
 
             for side in ((torch_side, fa_side) if rnd % 2 == 0 else (fa_side, torch_side)):
                 side()
@@ -211,21 +227,23 @@ def main():
           f"{gemm_rates['median']:.1f}, CPU time {gemm_rates['cpu_time']:.1f} GFLOP/s")
     print("GFLOP/s from the FASTEST WALL-CLOCK sample on both sides (the flashattn CLI reports "
           "no CPU-time rate); torch's median and CPU-time rates beside them")
-    print(f"{'pass':>8} {'N':>6} {'causal':>6} | {'torch':>7} {'flashattn':>9} {'fa/torch':>8} | "
+    heads = "".join(f" {label:>9} {label[:5] + '/torch':>11}" for label, _ in bins)
+    print(f"{'pass':>8} {'N':>6} {'causal':>6} | {'torch':>7}{heads} | "
           f"{'torch med':>9} {'torch CPU':>9} | {'max|flash-math|':>15}")
     rows = []
     for s in shapes:
         n, causal, pass_ = s
         tr = rates(attention_flops(b, h, n, d, causal, pass_), th[s]["wall"], th[s]["cpu"],
                    args.threads)
-        fa_best = max(fa[s])
-        print(f"{pass_:>8} {n:>6} {str(causal):>6} | {tr['fastest']:>7.1f} {fa_best:>9.1f} "
-              f"{fa_best / tr['fastest']:>7.2f}x | {tr['median']:>9.1f} {tr['cpu_time']:>9.1f} | "
-              f"{errors[s]:>15.2e}")
+        best = {label: max(fa[(label, s)]) for label, _ in bins}
+        cols = "".join(f" {best[label]:>9.1f} {best[label] / tr['fastest']:>10.2f}x"
+                       for label, _ in bins)
+        print(f"{pass_:>8} {n:>6} {str(causal):>6} | {tr['fastest']:>7.1f}{cols} | "
+              f"{tr['median']:>9.1f} {tr['cpu_time']:>9.1f} | {errors[s]:>15.2e}")
         rows.append({"pass": pass_, "batch": b, "heads": h, "seqlen": n, "head_dim": d,
                      "causal": causal,
                      "torch_gflops": tr, "torch_samples_s": th[s]["wall"],
-                     "torch_cpu_s": th[s]["cpu"], "flashattn_gflops_fastest_per_round": fa[s],
+                     "torch_cpu_s": th[s]["cpu"], "flashattn_gflops_fastest_per_round": {label: fa[(label, s)] for label, _ in bins},
                      "max_abs_err_flash_vs_math": errors[s]})
     if args.json:
         with open(args.json, "w") as f:
