@@ -29,6 +29,18 @@ impl Simd {
     }
 }
 
+/// What each level's kernels promise beyond their results, in one place: the kernels' dispatch
+/// and their tests both read these, so the two cannot disagree about a level that the test
+/// machine happens to lack.
+impl Simd {
+    /// Whether `microkernel::panels_product` returns the exact minimum of each of C's columns.
+    /// The AVX-512 kernels keep only the maxima in registers, so at that level every minimum
+    /// of a product with at least one row is −∞ (a bound that bounds nothing).
+    pub(crate) const fn keeps_column_minima(self) -> bool {
+        !matches!(self, Simd::Avx512)
+    }
+}
+
 impl std::fmt::Display for Simd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())

@@ -70,8 +70,8 @@ pub(crate) type ColMax = [f32; PANEL];
 /// in the same rows). Returns the bounds of each of C's 16 columns' new values, per panel
 /// ([`ColBounds::EMPTY`] when `rows` is 0, and for the second panel when there is none), taken
 /// from the registers on the way out so the softmax need not read C again: the largest, and
-/// the smallest where the kernel keeps it (AVX2 and portable; −∞ otherwise, which bounds
-/// nothing). `high` tells the rows and steps where only a panel's upper 8 lanes matter
+/// the smallest where the level keeps it ([`Simd::keeps_column_minima`]; −∞ otherwise, which
+/// bounds nothing). `high` tells the rows and steps where only a panel's upper 8 lanes matter
 /// ([`HighLanes`]; [`HighLanes::NONE`] for a plain product).
 /// Panics if an operand reaches outside its slice (an internal bug).
 #[allow(clippy::too_many_arguments)]
@@ -97,7 +97,7 @@ pub(crate) fn panels_product(
 }
 
 /// The largest and the smallest new value of each of C's 16 columns (the smallest −∞ where the
-/// kernel does not keep it).
+/// level does not keep it: [`Simd::keeps_column_minima`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ColBounds {
     pub max: ColMax,
@@ -240,6 +240,32 @@ fn product<const W: usize>(
     if rows == 0 {
         return bounds;
     }
+    product_rows(simd, &mut bounds, c, a, b, rows, k, st, pair, write, high);
+    if !simd.keeps_column_minima() {
+        for bounds in &mut bounds {
+            bounds.min = [f32::NEG_INFINITY; PANEL];
+        }
+    }
+    bounds
+}
+
+/// [`product`] for `rows` ≥ 1, which widens `bounds` (every minimum included, where the level
+/// keeps them).
+#[allow(clippy::too_many_arguments)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn product_rows<const W: usize>(
+    simd: Simd,
+    bounds: &mut [ColBounds; W],
+    c: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    rows: usize,
+    k: usize,
+    st: PanelStrides,
+    pair: PairOffsets,
+    write: Write,
+    high: HighLanes,
+) {
     check_c::<W>(c.len(), rows, st, pair);
     if k == 0 {
         for (w, bounds) in bounds.iter_mut().enumerate() {
@@ -254,7 +280,7 @@ fn product<const W: usize>(
                 }
             }
         }
-        return bounds;
+        return;
     }
     check_ab::<W>(a.len(), b.len(), rows, k, st, pair);
     let block = Block {
@@ -271,10 +297,7 @@ fn product<const W: usize>(
             // overlaps neither A nor B nor (for a pair) its other panel.
             unsafe { avx512::product(block, rows, &mut col_max) };
             for (bounds, max) in bounds.iter_mut().zip(col_max) {
-                *bounds = ColBounds {
-                    max,
-                    min: [f32::NEG_INFINITY; PANEL],
-                };
+                bounds.max = max;
             }
         }
         #[cfg(target_arch = "x86_64")]
@@ -305,7 +328,6 @@ fn product<const W: usize>(
             }
         }
     }
-    bounds
 }
 
 /// Panics unless the `rows × 16` panels of C lie inside `c_len` elements and apart (rows ≥ 1).
