@@ -36,9 +36,8 @@ use super::backward::{Inputs, Layouts};
 use super::bias_grad::{BiasGrad, TileFold};
 use super::exp::exp2_shifted_sum;
 use super::line_buf::LineBuf;
-use super::matmul::Write;
 use super::microkernel::{
-    HighLanes, PANEL, PairOffsets, PanelStrides, panels_product, softmax_grad_product,
+    PANEL, PairOffsets, PanelStrides, Write, panels_product, softmax_grad_product,
 };
 use super::prefetch::RowsAhead;
 use super::score_mods::{ScoreMods, apply_score_mods_rows};
@@ -213,7 +212,7 @@ fn product(
     let (st, pairs) = panel_pairs(c.rs, &a, b.rs, cols);
     for (c0, both) in pairs {
         let (c, b) = (&mut c.data[c0..], &b.data[c0..]);
-        panels_product(c, a.data, b, rows, k, st, both, write, HighLanes::NONE);
+        panels_product(c, a.data, b, rows, k, st, both, write);
     }
 }
 

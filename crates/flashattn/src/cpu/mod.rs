@@ -7,16 +7,11 @@ mod bias_grad;
 pub(crate) mod convert;
 mod decode;
 mod elementwise;
-// Tile products and exp2 kernels shared by the forward and backward (until both use every
-// item, some are unused in a given build).
-#[allow(dead_code)]
 mod exp;
 mod forward;
 mod key_rows;
 mod lanes;
 pub(crate) mod line_buf;
-#[allow(dead_code)]
-mod matmul;
 mod microkernel;
 mod online_softmax;
 mod pieces;
@@ -28,7 +23,6 @@ mod score_mods;
 mod shared_out;
 mod simd;
 mod softcap;
-mod threads;
 mod tile_config;
 mod transpose;
 

@@ -26,26 +26,6 @@ pub(super) fn contains(outer: &Range<usize>, inner: &Range<usize>) -> bool {
     inner.is_empty() || (outer.start <= inner.start && inner.end <= outer.end)
 }
 
-/// How many of the first keys of `keys` lie in `within`: all of them, some, or none when
-/// `within` does not hold the first.
-pub(super) fn leading(within: &Range<usize>, keys: &Range<usize>) -> usize {
-    if within.contains(&keys.start) {
-        within.end.min(keys.end) - keys.start
-    } else {
-        0
-    }
-}
-
-/// Extends `run` by `keys` where they follow it (or start it when it is empty); otherwise
-/// leaves it: the longest run of consecutive keys from the first added.
-pub(super) fn extend_run(run: &mut Range<usize>, keys: &Range<usize>) {
-    if run.start >= run.end {
-        *run = keys.clone();
-    } else if run.end == keys.start {
-        run.end = keys.end;
-    }
-}
-
 /// The keys each panel of a pair sees (`seen`, empty for a missing panel), cut into pieces:
 /// the keys both see, once for both, then what only one sees, for that one (at most seven).
 /// The keys both see are cut again where they leave `full` (the keys every query of a panel
@@ -123,21 +103,6 @@ mod tests {
             assert_eq!(k.len(), n, "a key multiplied twice for one panel");
         }
         keys
-    }
-
-    #[test]
-    fn leading_keys_and_runs() {
-        assert_eq!(leading(&(0..17), &(0..32)), 17);
-        assert_eq!(leading(&(0..17), &(4..10)), 6);
-        assert_eq!(leading(&(5..17), &(0..32)), 0);
-        assert_eq!(leading(&(0..17), &(17..32)), 0);
-        assert_eq!(leading(&(3..3), &(3..8)), 0);
-        let mut run = 0..0;
-        extend_run(&mut run, &(4..8));
-        extend_run(&mut run, &(8..16));
-        assert_eq!(run, 4..16);
-        extend_run(&mut run, &(20..24));
-        assert_eq!(run, 4..16);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 
-use super::prefetch::{RowsAhead, prefetch_rows};
+use super::prefetch::RowsAhead;
 use super::simd::cpu_simd;
 use super::transpose::{ColScale, transpose_to};
 use crate::dtype::{DType, Element};
@@ -45,13 +45,6 @@ impl<'a, T: Copy> SharedOut<'a, T> {
             layout,
             _borrow: PhantomData,
         }
-    }
-
-    /// Prefetches `rows` rows of `len` elements, the first at `start` and each `stride` after
-    /// the last, before a task writes them (see [`prefetch_rows`]).
-    pub(crate) fn prefetch_rows(&self, (start, stride): (usize, usize), rows: usize, len: usize) {
-        let at = (start, stride);
-        prefetch_rows(self.ptr.cast_const(), self.len, at, (rows, len));
     }
 
     /// For a loop that writes `rows` rows of `len` elements, the first at `start` and each

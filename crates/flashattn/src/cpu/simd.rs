@@ -29,15 +29,16 @@ impl Simd {
     }
 }
 
-/// What each level's kernels promise beyond their results, in one place: the kernels' dispatch
-/// and their tests both read these, so the two cannot disagree about a level that the test
-/// machine happens to lack.
 impl Simd {
-    /// Whether `microkernel::panels_product` returns the exact minimum of each of C's columns.
-    /// The AVX-512 kernels keep only the maxima in registers, so at that level every minimum
-    /// of a product with at least one row is −∞ (a bound that bounds nothing).
-    pub(crate) const fn keeps_column_minima(self) -> bool {
-        !matches!(self, Simd::Avx512)
+    /// Every level, lowest first.
+    pub(crate) const ALL: [Simd; 3] = [Simd::Portable, Simd::Avx2, Simd::Avx512];
+
+    /// Every level this CPU runs, lowest first: the unit tests check each kernel at each of
+    /// them against one f64 reference and one tolerance, since every level promises the same
+    /// results (up to rounding) and the same column maxima.
+    #[cfg(test)]
+    pub(crate) fn available() -> impl Iterator<Item = Simd> {
+        Simd::ALL.into_iter().filter(|&s| s <= cpu_simd())
     }
 }
 
@@ -70,7 +71,7 @@ pub fn cpu_simd() -> Simd {
     *LEVEL.get_or_init(|| {
         let cpu = detected();
         let asked = std::env::var("FLASHATTN_CPU_SIMD").ok().and_then(|v| {
-            [Simd::Portable, Simd::Avx2, Simd::Avx512]
+            Simd::ALL
                 .into_iter()
                 .find(|s| s.name() == v.trim().to_ascii_lowercase())
         });

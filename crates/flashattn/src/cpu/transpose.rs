@@ -278,10 +278,7 @@ mod tests {
         ] {
             let (src_rs, dst_rs) = (cols + 5, rows + 3);
             let src: Vec<f32> = (0..rows * src_rs).map(|i| i as f32).collect();
-            for simd in [Simd::Portable, Simd::Avx2, Simd::Avx512] {
-                if simd > cpu_simd() {
-                    continue;
-                }
+            for simd in Simd::available() {
                 for f in [None, Some(&factors)] {
                     let mut dst = vec![f32::NAN; cols * dst_rs];
                     transpose_with(simd, &mut dst, dst_rs, (&src, src_rs, f), rows, cols);

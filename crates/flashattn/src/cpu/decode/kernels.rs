@@ -8,8 +8,7 @@ use super::BLOCK;
 use super::{avx2, avx512};
 use crate::cpu::exp::LANES;
 use crate::cpu::key_rows::KeyRows;
-use crate::cpu::matmul::Write;
-use crate::cpu::microkernel::{HighLanes, PairOffsets, PanelStrides, panels_product};
+use crate::cpu::microkernel::{PairOffsets, PanelStrides, Write, panels_product};
 use crate::cpu::prefetch::RowsAhead;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::simd::{Simd, cpu_simd};
@@ -122,7 +121,6 @@ pub(super) fn scores_panels(
                 c: LANES,
             }),
             Write::Overwrite,
-            HighLanes::NONE,
         );
     }
 }
@@ -159,7 +157,6 @@ pub(super) fn values_panels(
             },
             (c + 1 < dv / LANES).then_some(PairOffsets { b: LANES, c: LANES }),
             Write::Accumulate,
-            HighLanes::NONE,
         );
     }
     ahead.fetch_from(n);

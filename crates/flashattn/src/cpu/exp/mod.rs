@@ -93,47 +93,6 @@ pub(crate) const LANES: usize = 16;
 /// each lane (column) of the new values. `shift` must be finite and at least every element of
 /// its lane (a lane maximum, as in the softmax), so that every argument is ≤ 0.
 pub(crate) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; LANES] {
-    shifted_panel(x, shift, false)
-}
-
-/// [`exp2_shifted_panel`] for a panel whose first `rows` rows are known to hold only elements
-/// at least their lane's shift less 127 (where an exponential is 0 or subnormal anyway): the
-/// AVX2 path skips its clamp of the arguments on those rows (see `avx2::exp2_shifted_ps`) and
-/// keeps it on the rest (a causal diagonal's masked rows). The result is unspecified for rows
-/// said to be within the bound that are not.
-pub(crate) fn exp2_shifted_panel_bounded(
-    x: &mut [f32],
-    shift: &[f32; LANES],
-    rows: usize,
-) -> [f32; LANES] {
-    let (within, rest) = x.split_at_mut((rows * LANES).min(x.len()));
-    let mut sums = [0f32; LANES];
-    for (part, bounded) in [(within, true), (rest, false)] {
-        if !part.is_empty() {
-            for (s, x) in sums.iter_mut().zip(shifted_panel(part, shift, bounded)) {
-                *s += x;
-            }
-        }
-    }
-    sums
-}
-
-/// Whether scores whose lanes' minima are `min` lie within the bound of
-/// [`exp2_shifted_panel_bounded`] for shifts `shift`, with room for the rounding of `x − shift`:
-/// each shift at most 2^20 in magnitude and each minimum at least the shift less 126 (NaN minima
-/// fail).
-pub(crate) fn within_exp_bound(min: &[f32; LANES], shift: &[f32; LANES]) -> bool {
-    min.iter()
-        .zip(shift)
-        .all(|(&m, &s)| s.abs() <= BOUNDED_SHIFT_MAX && m >= s + (EXP2_MIN + 1.0))
-}
-
-/// The largest shift [`within_exp_bound`] accepts: up to it, `s − 126` in f32 is within 1/16 of
-/// the exact difference.
-const BOUNDED_SHIFT_MAX: f32 = 1_048_576.0;
-
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-fn shifted_panel(x: &mut [f32], shift: &[f32; LANES], bounded: bool) -> [f32; LANES] {
     debug_assert_eq!(x.len() % LANES, 0);
     match cpu_simd() {
         // SAFETY: the CPU supports the level `cpu_simd` returns.
@@ -141,7 +100,7 @@ fn shifted_panel(x: &mut [f32], shift: &[f32; LANES], bounded: bool) -> [f32; LA
         Simd::Avx512 => return unsafe { avx512::exp2_shifted_panel(x, shift) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Simd::Avx2 => return unsafe { avx2::exp2_shifted_panel(x, shift, bounded) },
+        Simd::Avx2 => return unsafe { avx2::exp2_shifted_panel(x, shift) },
         _ => {}
     }
     let mut sums = [0f32; LANES];
@@ -247,60 +206,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// Within the bound, the panel pass without the clamp gives the clamped one's results bit
-    /// for bit, for shifts on the grid of eighths, off it, and on it but too large to fold.
-    #[test]
-    fn bounded_panel_matches_the_clamped_one_within_the_bound() {
-        for base in [0.0f32, 0.3, 3.0e5] {
-            let shift: [f32; LANES] = std::array::from_fn(|l| base + l as f32 * 0.5);
-            for rows in [1, 5, 40] {
-                // From the shift less 126 (the bound's edge) up to the shift.
-                let orig: Vec<f32> = (0..rows * LANES)
-                    .map(|i| {
-                        let s = shift[i % LANES];
-                        let t = if i < LANES {
-                            1.0
-                        } else {
-                            (i as f32 * 0.41).cos().abs()
-                        };
-                        s - 126.0 * t
-                    })
-                    .collect();
-                let mut min = [f32::INFINITY; LANES];
-                for (i, &o) in orig.iter().enumerate() {
-                    min[i % LANES] = min[i % LANES].min(o);
-                }
-                assert!(within_exp_bound(&min, &shift), "{base}");
-                let (mut clamped, mut bounded) = (orig.clone(), orig.clone());
-                let sums = exp2_shifted_panel(&mut clamped, &shift);
-                let bounded_sums = exp2_shifted_panel_bounded(&mut bounded, &shift, rows);
-                assert_eq!(
-                    sums.map(f32::to_bits),
-                    bounded_sums.map(f32::to_bits),
-                    "{base}"
-                );
-                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&clamped), bits(&bounded), "{base} rows {rows}");
-            }
-        }
-    }
-
-    #[test]
-    fn the_exp_bound_leaves_room_for_rounding() {
-        let shift: [f32; LANES] = std::array::from_fn(|l| l as f32 * 0.125 - 1.0);
-        let min = |d: f32| std::array::from_fn(|l| shift[l] - d);
-        assert!(within_exp_bound(&min(126.0), &shift));
-        assert!(within_exp_bound(&min(0.0), &shift));
-        assert!(!within_exp_bound(&min(126.5), &shift));
-        assert!(!within_exp_bound(&min(f32::INFINITY), &shift));
-        let mut one_nan = min(1.0);
-        one_nan[7] = f32::NAN;
-        assert!(!within_exp_bound(&one_nan, &shift));
-        // Shifts too large for `s − 126` to be within 1/16 of exact.
-        let large = [3.0e6f32; LANES];
-        assert!(!within_exp_bound(&large, &large));
     }
 
     #[test]

@@ -36,11 +36,19 @@ mod avx512;
 mod softmax_grad;
 mod softmax_product;
 
-use super::matmul::Write;
 use super::simd::{Simd, cpu_simd};
 
 pub(crate) use softmax_grad::softmax_grad_product;
 pub(crate) use softmax_product::softmax_product;
+
+/// What a product does with C's previous contents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Write {
+    /// `C = A·B` (the old contents are never read: they may be garbage or NaN).
+    Overwrite,
+    /// `C += A·B`.
+    Accumulate,
+}
 
 /// Queries per panel: one 16-lane AVX-512 vector, two 8-lane AVX2 vectors.
 pub(crate) const PANEL: usize = 16;
@@ -67,12 +75,10 @@ pub(crate) type ColMax = [f32; PANEL];
 /// `C[rows × 16] (=|+=) A[rows × k] · B[k × 16]` (see the module doc for the layouts), on
 /// two panels at once when `pair` is given: panel `w` of B starts at `b[w·pair.b..]` and of C
 /// at `c[w·pair.c..]` (the two C panels must not overlap: one after the other, or side by side
-/// in the same rows). Returns the bounds of each of C's 16 columns' new values, per panel
-/// ([`ColBounds::EMPTY`] when `rows` is 0, and for the second panel when there is none), taken
-/// from the registers on the way out so the softmax need not read C again: the largest, and
-/// the smallest where the level keeps it ([`Simd::keeps_column_minima`]; −∞ otherwise, which
-/// bounds nothing). `high` tells the rows and steps where only a panel's upper 8 lanes matter
-/// ([`HighLanes`]; [`HighLanes::NONE`] for a plain product).
+/// in the same rows). Returns the maximum of each of C's 16 columns' new values, per panel
+/// (−∞ when `rows` is 0, and for the second panel when there is none), taken from the
+/// registers on the way out so the softmax need not read C again; every level returns them
+/// exactly.
 /// Panics if an operand reaches outside its slice (an internal bug).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn panels_product(
@@ -84,39 +90,24 @@ pub(crate) fn panels_product(
     st: PanelStrides,
     pair: Option<PairOffsets>,
     write: Write,
-    high: HighLanes,
-) -> [ColBounds; 2] {
+) -> [ColMax; 2] {
     match pair {
-        Some(pair) => product::<2>(cpu_simd(), c, a, b, rows, k, st, pair, write, high),
+        Some(pair) => product::<2>(cpu_simd(), c, a, b, rows, k, st, pair, write),
         None => {
             let one = PairOffsets::default();
-            let [bounds] = product::<1>(cpu_simd(), c, a, b, rows, k, st, one, write, high);
-            [bounds, ColBounds::EMPTY]
+            let [max] = product::<1>(cpu_simd(), c, a, b, rows, k, st, one, write);
+            [max, NO_MAX]
         }
     }
 }
 
-/// The largest and the smallest new value of each of C's 16 columns (the smallest −∞ where the
-/// level does not keep it: [`Simd::keeps_column_minima`]).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ColBounds {
-    pub max: ColMax,
-    pub min: ColMax,
-}
+/// The column maxima of no values.
+pub(crate) const NO_MAX: ColMax = [f32::NEG_INFINITY; PANEL];
 
-impl ColBounds {
-    /// No values: every maximum −∞, every minimum +∞.
-    pub(crate) const EMPTY: ColBounds = ColBounds {
-        max: [f32::NEG_INFINITY; PANEL],
-        min: [f32::INFINITY; PANEL],
-    };
-
-    /// Widens the bounds to take in `other`'s.
-    pub(crate) fn join(&mut self, other: &ColBounds) {
-        for l in 0..PANEL {
-            self.max[l] = self.max[l].max(other.max[l]);
-            self.min[l] = self.min[l].min(other.min[l]);
-        }
+/// Widens the column maxima `max` to take in `other`.
+pub(crate) fn join_max(max: &mut ColMax, other: &ColMax) {
+    for (m, o) in max.iter_mut().zip(other) {
+        *m = m.max(*o);
     }
 }
 
@@ -134,43 +125,7 @@ struct Block {
     accumulate: bool,
     /// Store `P ∘ (acc − delta[r])` instead of `acc` (see [`softmax_grad_product`]).
     grad: Option<GradRows>,
-    /// From which row of C, and from which of the `k` steps, only the upper 8 lanes matter:
-    /// one panel's share of [`HighLanes`] (read by the AVX2 kernel).
-    high_row: usize,
-    high_step: usize,
 }
-
-/// Where only the upper 8 of a panel's 16 lanes matter, per panel of a pair: from row `rows[w]`
-/// of C on (a causal diagonal's keys that no query of the lower half sees: their scores there
-/// are masked anyway), and from step `steps[w]` of `k` on (keys whose `Pᵀ` is 0 in the lower
-/// half). The AVX2 kernels skip the lower half there, which halves a diagonal's wasted
-/// products; they store −∞ in the lower lanes of such rows of C (when overwriting), which take
-/// no part in the bounds. Other kernels compute every lane.
-///
-/// Measured on the 2-core Zen 1 VM (2026-11-29, f32, B=1, H=8, D=64, causal, % of the sgemm
-/// rate, `flashattn bench --gemm`, four runs of 5 or 9 rounds, the two builds interleaved; each
-/// run's new rate above its old one): `[B, N, H, D]` N=128 63.3–65.2 → 64.3–66.2, N=256
-/// 72.6–75.1 → 73.4–76.1; `[B, H, N, D]` N=128 67.2–68.8 → 68.7–69.6, N=256 76.8–78.1 →
-/// 78.6–79.6; N=512 0.1–0.4 points up; full alike. At N=1024, where the diagonals hold a
-/// sixteenth of a row's keys rather than an eighth to a half, the paired causal/full ratio
-/// moved within its noise (`[B, H, N, D]` 1.046 → 1.044, `[B, N, H, D]` 1.060 → 1.061,
-/// medians of 8 runs of 40 pairs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct HighLanes {
-    pub rows: [usize; 2],
-    pub steps: [usize; 2],
-}
-
-impl HighLanes {
-    /// Every lane matters everywhere.
-    pub(crate) const NONE: HighLanes = HighLanes {
-        rows: [usize::MAX; 2],
-        steps: [usize::MAX; 2],
-    };
-}
-
-/// The first of the upper lanes of a panel ([`HighLanes`]).
-pub(crate) const HIGH_LANE: usize = PANEL / 2;
 
 /// The softmax gradient's operands: P at C's offsets, `delta` one value per row of C.
 #[derive(Clone, Copy)]
@@ -201,8 +156,6 @@ impl Block {
             pair,
             accumulate: false,
             grad: None,
-            high_row: usize::MAX,
-            high_step: usize::MAX,
         }
     }
 
@@ -234,53 +187,23 @@ fn product<const W: usize>(
     st: PanelStrides,
     pair: PairOffsets,
     write: Write,
-    high: HighLanes,
-) -> [ColBounds; W] {
-    let mut bounds = [ColBounds::EMPTY; W];
+) -> [ColMax; W] {
+    let mut col_max = [NO_MAX; W];
     if rows == 0 {
-        return bounds;
+        return col_max;
     }
-    product_rows(simd, &mut bounds, c, a, b, rows, k, st, pair, write, high);
-    if !simd.keeps_column_minima() {
-        for bounds in &mut bounds {
-            bounds.min = [f32::NEG_INFINITY; PANEL];
-        }
-    }
-    bounds
-}
-
-/// [`product`] for `rows` ≥ 1, which widens `bounds` (every minimum included, where the level
-/// keeps them).
-#[allow(clippy::too_many_arguments)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-fn product_rows<const W: usize>(
-    simd: Simd,
-    bounds: &mut [ColBounds; W],
-    c: &mut [f32],
-    a: &[f32],
-    b: &[f32],
-    rows: usize,
-    k: usize,
-    st: PanelStrides,
-    pair: PairOffsets,
-    write: Write,
-    high: HighLanes,
-) {
     check_c::<W>(c.len(), rows, st, pair);
     if k == 0 {
-        for (w, bounds) in bounds.iter_mut().enumerate() {
+        for (w, max) in col_max.iter_mut().enumerate() {
             for r in 0..rows {
                 let row = &mut c[w * pair.c + r * st.c_rs..][..PANEL];
                 if write == Write::Overwrite {
                     row.fill(0.0);
                 }
-                for (l, &x) in row.iter().enumerate() {
-                    bounds.max[l] = bounds.max[l].max(x);
-                    bounds.min[l] = bounds.min[l].min(x);
-                }
+                join_max(max, &(&*row).try_into().expect("a row of 16"));
             }
         }
-        return;
+        return col_max;
     }
     check_ab::<W>(a.len(), b.len(), rows, k, st, pair);
     let block = Block {
@@ -290,33 +213,25 @@ fn product_rows<const W: usize>(
     debug_assert!(simd <= cpu_simd());
     match simd {
         #[cfg(target_arch = "x86_64")]
-        Simd::Avx512 => {
-            let mut col_max = [[f32::NEG_INFINITY; PANEL]; W];
-            // SAFETY: the level is supported by this CPU (the caller's, at most `cpu_simd`);
-            // the operands are inside their slices (asserted above) and C, borrowed mutably,
-            // overlaps neither A nor B nor (for a pair) its other panel.
-            unsafe { avx512::product(block, rows, &mut col_max) };
-            for (bounds, max) in bounds.iter_mut().zip(col_max) {
-                bounds.max = max;
-            }
-        }
+        // SAFETY: the level is supported by this CPU (the caller's, at most `cpu_simd`);
+        // the operands are inside their slices (asserted above) and C, borrowed mutably,
+        // overlaps neither A nor B nor (for a pair) its other panel.
+        Simd::Avx512 => unsafe { avx512::product(block, rows, &mut col_max) },
         #[cfg(target_arch = "x86_64")]
         Simd::Avx2 => {
-            for (w, bounds) in bounds.iter_mut().enumerate() {
+            for (w, max) in col_max.iter_mut().enumerate() {
                 let one = Block {
                     c: block.c.wrapping_add(w * pair.c),
                     b: block.b.wrapping_add(w * pair.b),
-                    high_row: high.rows[w],
-                    high_step: high.steps[w],
                     ..block
                 };
                 // SAFETY: as above, for panel w alone.
-                unsafe { avx2::product(one, rows, bounds) };
+                unsafe { avx2::product(one, rows, max) };
             }
         }
         _ => {
-            for (w, bounds) in bounds.iter_mut().enumerate() {
-                *bounds = portable(
+            for (w, max) in col_max.iter_mut().enumerate() {
+                *max = portable(
                     &mut c[w * pair.c..],
                     a,
                     &b[w * pair.b..],
@@ -328,6 +243,7 @@ fn product_rows<const W: usize>(
             }
         }
     }
+    col_max
 }
 
 /// Panics unless the `rows × 16` panels of C lie inside `c_len` elements and apart (rows ≥ 1).
@@ -375,8 +291,8 @@ fn portable(
     k: usize,
     st: PanelStrides,
     acc: bool,
-) -> ColBounds {
-    let mut bounds = ColBounds::EMPTY;
+) -> ColMax {
+    let mut max = NO_MAX;
     for r in 0..rows {
         let mut sum = [0f32; PANEL];
         for l in 0..k {
@@ -386,13 +302,12 @@ fn portable(
             }
         }
         let row = &mut c[r * st.c_rs..r * st.c_rs + PANEL];
-        for (l, (o, s)) in row.iter_mut().zip(sum).enumerate() {
+        for ((o, s), m) in row.iter_mut().zip(sum).zip(&mut max) {
             *o = if acc { *o + s } else { s };
-            bounds.max[l] = bounds.max[l].max(*o);
-            bounds.min[l] = bounds.min[l].min(*o);
+            *m = m.max(*o);
         }
     }
-    bounds
+    max
 }
 
 #[cfg(test)]

@@ -16,10 +16,10 @@
 //! of line on each block's rows, gained nothing over the backward's separate exp pass (causal
 //! 0.837–1.017×, full 0.807–1.016×) and was dropped.
 
+use super::Write;
 #[cfg(target_arch = "x86_64")]
 use super::{Block, GradRows, check_ab};
-use super::{HighLanes, PANEL, PairOffsets, PanelStrides, check_c, product};
-use crate::cpu::matmul::Write;
+use super::{PANEL, PairOffsets, PanelStrides, check_c, product};
 use crate::cpu::simd::{Simd, cpu_simd};
 
 /// `C[r] = P[r] ∘ (A[r]·B − delta[r])` for every row `r` of C (`rows × 16`, one panel or two
@@ -86,18 +86,7 @@ pub(super) fn grad<const W: usize>(
         unsafe { super::avx512::product(block, rows, &mut col_max) };
         return;
     }
-    product::<W>(
-        simd,
-        c,
-        a,
-        b,
-        rows,
-        k,
-        st,
-        pair,
-        Write::Overwrite,
-        HighLanes::NONE,
-    );
+    product::<W>(simd, c, a, b, rows, k, st, pair, Write::Overwrite);
     for w in 0..W {
         for (r, &d) in delta[..rows].iter().enumerate() {
             let at = w * pair.c + r * st.c_rs;

@@ -15,21 +15,18 @@
 //! it to 4.2%, and the exp with fewer FMA-pipe instructions (see `exp::avx512`) to 3.9%.
 //! Forward +1 to +2.5 points at N=1024 and 4096, causal and not.
 
+use super::Write;
 #[cfg(target_arch = "x86_64")]
 use super::{Block, check_ab, check_c};
-use super::{ColMax, HighLanes, PANEL, PairOffsets, PanelStrides, product};
-use crate::cpu::exp::exp2_shifted_panel_bounded;
-use crate::cpu::matmul::Write;
+use super::{ColMax, PANEL, PairOffsets, PanelStrides, product};
+use crate::cpu::exp::exp2_shifted_panel;
 use crate::cpu::simd::{Simd, cpu_simd};
 
 /// `C[rows × 16] += A[rows × k] · 2^(B − shift)` on one panel or two (`pair`, laid out as for
 /// [`super::panels_product`]), where each panel of B is `k` contiguous rows of 16
 /// (`st.b_rs == 16`) and is overwritten by `2^(B − shift)`. `shift[w]` holds a finite shift per
 /// lane of panel `w`, at least every score of its lane (a running maximum), so that every
-/// exponent is ≤ 0; scores of −∞ give 0. `bounded[w]` says that every score in the first
-/// `bounded[w]` rows of panel `w` is at least its lane's shift less 127 (see
-/// [`exp2_shifted_panel_bounded`]; the rows of a causal diagonal's mask come after them).
-/// `high.steps` (see [`HighLanes`]) tells the keys whose `Pᵀ` is 0 in a panel's lower 8 lanes.
+/// exponent is ≤ 0; scores of −∞ give 0.
 /// Returns the lane sums of each panel's new B (0 for the second panel when there is none).
 /// Panics if an operand reaches outside its slice or the two B panels overlap.
 #[allow(clippy::too_many_arguments)]
@@ -42,28 +39,12 @@ pub(crate) fn softmax_product(
     st: PanelStrides,
     pair: Option<PairOffsets>,
     shift: &[ColMax; 2],
-    bounded: [usize; 2],
-    high: HighLanes,
 ) -> [ColMax; 2] {
     match pair {
-        Some(pair) => {
-            product_exp::<2>(cpu_simd(), c, a, b, rows, k, st, pair, shift, bounded, high)
-        }
+        Some(pair) => product_exp::<2>(cpu_simd(), c, a, b, rows, k, st, pair, shift),
         None => {
             let one = PairOffsets::default();
-            let [sum] = product_exp::<1>(
-                cpu_simd(),
-                c,
-                a,
-                b,
-                rows,
-                k,
-                st,
-                one,
-                &[shift[0]],
-                [bounded[0]],
-                high,
-            );
+            let [sum] = product_exp::<1>(cpu_simd(), c, a, b, rows, k, st, one, &[shift[0]]);
             [sum, [0.0; PANEL]]
         }
     }
@@ -82,8 +63,6 @@ pub(super) fn product_exp<const W: usize>(
     st: PanelStrides,
     pair: PairOffsets,
     shift: &[ColMax; W],
-    bounded: [usize; W],
-    high: HighLanes,
 ) -> [ColMax; W] {
     assert_eq!(st.b_rs, PANEL, "softmax product: B rows must be contiguous");
     let mut sums = [[0f32; PANEL]; W];
@@ -112,8 +91,8 @@ pub(super) fn product_exp<const W: usize>(
         return sums;
     }
     for (w, sum) in sums.iter_mut().enumerate() {
-        *sum = exp2_shifted_panel_bounded(&mut b[w * pair.b..][..k * PANEL], &shift[w], bounded[w]);
+        *sum = exp2_shifted_panel(&mut b[w * pair.b..][..k * PANEL], &shift[w]);
     }
-    product::<W>(simd, c, a, b, rows, k, st, pair, Write::Accumulate, high);
+    product::<W>(simd, c, a, b, rows, k, st, pair, Write::Accumulate);
     sums
 }
