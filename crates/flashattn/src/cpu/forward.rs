@@ -251,6 +251,17 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         for panel in 0..panels {
             let ot = &mut sc.panels.ot[panel * dv * LANES..(panel + 1) * dv * LANES];
             let (inv, lse_panel) = sc.panels.softmax[panel].finish();
+            // A query that saw no key writes 0, even where its column took 0 · NaN from a NaN
+            // in a V row that other queries of the panel see.
+            if inv.contains(&0.0) {
+                for row in ot.chunks_exact_mut(LANES) {
+                    for (x, &f) in row.iter_mut().zip(&inv) {
+                        if f == 0.0 {
+                            *x = 0.0;
+                        }
+                    }
+                }
+            }
             let rows = self.lane_rows(&out.layout, panel);
             let size = (dv, rows.count);
             // f32 rows straight from the panel; other dtypes through a row buffer. Each lane's

@@ -38,7 +38,7 @@ pub(crate) fn scale_lanes(x: &mut [f32], f: &[f32; LANES]) {
 
 /// Each lane's natural-log log-sum-exp `(max + log2(sum)) · ln 2` of a base-2 softmax state,
 /// computed in f64 and rounded once (within 1 ulp of the exact value); −∞ for lanes whose sum
-/// is not positive. The forward takes one per query: a scalar `f32::log2` per lane was 1–2% of a
+/// is 0 (no key seen), NaN for a sum that is NaN or negative. The forward takes one per query: a scalar `f32::log2` per lane was 1–2% of a
 /// 1-thread causal forward (N=1024, D=64, 2026-11-23).
 pub(crate) fn lane_lse(max: &[f32; LANES], sum: &[f32; LANES]) -> [f32; LANES] {
     #[cfg(target_arch = "x86_64")]
@@ -52,8 +52,10 @@ pub(crate) fn lane_lse(max: &[f32; LANES], sum: &[f32; LANES]) -> [f32; LANES] {
     std::array::from_fn(|l| {
         if sum[l] > 0.0 {
             ((max[l] as f64 + (sum[l] as f64).log2()) * std::f64::consts::LN_2) as f32
-        } else {
+        } else if sum[l] == 0.0 {
             f32::NEG_INFINITY
+        } else {
+            f32::NAN
         }
     })
 }
@@ -113,7 +115,9 @@ mod avx512 {
                 let log2 = _mm512_add_pd(mx, _mm512_fmadd_pd(p, t, e));
                 let lse = _mm512_mul_pd(log2, _mm512_set1_pd(std::f64::consts::LN_2));
                 let positive = _mm512_cmp_pd_mask::<_CMP_GT_OQ>(s, _mm512_setzero_pd());
-                let lse = _mm512_mask_blend_pd(positive, _mm512_set1_pd(f64::NEG_INFINITY), lse);
+                let zero = _mm512_cmp_pd_mask::<_CMP_EQ_OQ>(s, _mm512_setzero_pd());
+                let lse = _mm512_mask_blend_pd(positive, _mm512_set1_pd(f64::NAN), lse);
+                let lse = _mm512_mask_blend_pd(zero, lse, _mm512_set1_pd(f64::NEG_INFINITY));
                 _mm256_storeu_ps(out.as_mut_ptr().add(at), _mm512_cvtpd_ps(lse));
             }
         }
@@ -175,7 +179,9 @@ mod avx2 {
                 let log2 = _mm256_add_pd(mx, _mm256_fmadd_pd(p, t, e));
                 let lse = _mm256_mul_pd(log2, _mm256_set1_pd(std::f64::consts::LN_2));
                 let positive = _mm256_cmp_pd::<_CMP_GT_OQ>(s, _mm256_setzero_pd());
-                let lse = _mm256_blendv_pd(_mm256_set1_pd(f64::NEG_INFINITY), lse, positive);
+                let zero = _mm256_cmp_pd::<_CMP_EQ_OQ>(s, _mm256_setzero_pd());
+                let lse = _mm256_blendv_pd(_mm256_set1_pd(f64::NAN), lse, positive);
+                let lse = _mm256_blendv_pd(lse, _mm256_set1_pd(f64::NEG_INFINITY), zero);
                 let infinite = _mm256_cmp_pd::<_CMP_EQ_OQ>(s, _mm256_set1_pd(f64::INFINITY));
                 let lse = _mm256_blendv_pd(lse, s, infinite);
                 _mm_storeu_ps(out.as_mut_ptr().add(at), _mm256_cvtpd_ps(lse));
@@ -190,7 +196,8 @@ mod tests {
     use super::*;
 
     /// Against f64 over sums from the smallest subnormal to +∞ (and the cut points of the
-    /// mantissa interval), maxima of both signs: within 1 ulp, −∞ for sums that are not positive.
+    /// mantissa interval), maxima of both signs: within 1 ulp, −∞ for a zero sum, NaN for a NaN
+    /// or negative one.
     #[test]
     fn lane_lse_is_within_one_ulp() {
         let mut sums: Vec<f32> = (-149 * 64..128 * 64)
@@ -214,8 +221,12 @@ mod tests {
             let got = lane_lse(&max, &sum);
             for l in 0..LANES {
                 let (m, s, g) = (max[l], sum[l], got[l]);
-                if s.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
+                if s == 0.0 {
                     assert_eq!(g, f32::NEG_INFINITY, "sum {s}");
+                    continue;
+                }
+                if s.is_nan() || s < 0.0 {
+                    assert!(g.is_nan(), "sum {s}: {g}");
                     continue;
                 }
                 let want = (m as f64 + (s as f64).log2()) * std::f64::consts::LN_2;

@@ -54,6 +54,7 @@ use crate::cpu::schedule::for_each_queued;
 use crate::cpu::exp::{LANES, exp2};
 use crate::cpu::forward::Inputs;
 use crate::cpu::lanes::lane_lse;
+use crate::cpu::online_softmax::inverse_sum;
 use crate::cpu::{SharedOut, with_thread_scratch};
 use crate::problem::Problem;
 use crate::tensor::CpuElement;
@@ -205,7 +206,8 @@ fn combine<T: CpuElement>(
         o.fill(0.0);
         for run in runs {
             let (m, s) = head(run);
-            if m == f32::NEG_INFINITY {
+            // A run that saw no key (a NaN sum goes on, and makes the head's NaN).
+            if s == 0.0 {
                 continue;
             }
             let f = exp2(m - max);
@@ -219,7 +221,8 @@ fn combine<T: CpuElement>(
 }
 
 /// Writes head `h` of sequence `b`: its output row (`o` divided by `sum`; 0 where no key was
-/// seen) and its log-sum-exp from the base-2 `max` and `sum`.
+/// seen, even where `o` took 0 · NaN from a NaN in V) and its log-sum-exp from the base-2
+/// `max` and `sum`.
 fn write_head<T: CpuElement>(
     p: &Problem,
     (out, lse): (&SharedOut<'_, T>, &SharedOut<'_, f32>),
@@ -229,7 +232,14 @@ fn write_head<T: CpuElement>(
 ) {
     let (mut m16, mut s16) = ([f32::NEG_INFINITY; LANES], [0f32; LANES]);
     (m16[0], s16[0]) = (max, sum);
-    let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+    let inv = inverse_sum(sum);
+    let zeros;
+    let o = if sum == 0.0 {
+        zeros = vec![0f32; o.len()];
+        &zeros
+    } else {
+        o
+    };
     // SAFETY: out[b, 0, h, ..] and lse[b, h, 0] belong to the caller's task alone (a task's
     // heads, or a split group's combination).
     unsafe {

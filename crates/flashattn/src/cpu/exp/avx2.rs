@@ -46,12 +46,13 @@ const EIGHTHS: f32 = 1_572_864.0;
 /// full 65.7–66.9 → 66.8–68.8, causal 61.8–63.5 → 62.5–64.8. Worst relative error over the
 /// whole range 1.6e-7 (the degree-6 polynomial: 8.0e-8). Inputs below −127 give 0 (−∞
 /// included), results below 2^−126 may be subnormal or 0; inputs above +127 are clamped.
-/// `CAP_ABOVE = false` skips the upper clamp, for arguments known to be ≤ 0.
+/// `CAP_ABOVE = false` skips the upper clamp, for arguments known to be ≤ 0. NaN gives NaN:
+/// the clamps take `x` as their second operand, which `vmaxps`/`vminps` return for NaN.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn exp2_ps<const CAP_ABOVE: bool>(x: __m256) -> __m256 {
     let x = if CAP_ABOVE {
-        _mm256_min_ps(x, _mm256_set1_ps(EXP2_MAX))
+        _mm256_min_ps(_mm256_set1_ps(EXP2_MAX), x)
     } else {
         x
     };
@@ -73,7 +74,7 @@ fn exp2_ps<const CAP_ABOVE: bool>(x: __m256) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn exp2_shifted_ps(x: __m256, s: Shift) -> __m256 {
-    let x = _mm256_max_ps(x, s.floor);
+    let x = _mm256_max_ps(s.floor, x);
     let t = _mm256_add_ps(x, s.offset);
     let f = _mm256_sub_ps(x, _mm256_sub_ps(t, s.offset));
     let m = _mm256_castps_si256(t);
