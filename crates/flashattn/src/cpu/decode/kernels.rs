@@ -11,7 +11,7 @@ use crate::cpu::key_rows::KeyRows;
 use crate::cpu::microkernel::{PairOffsets, PanelStrides, Write, panels_product};
 use crate::cpu::prefetch::RowsAhead;
 #[cfg(target_arch = "x86_64")]
-use crate::cpu::simd::{Simd, cpu_simd};
+use crate::cpu::simd::kernels;
 use crate::cpu::transpose::transpose;
 #[cfg(target_arch = "x86_64")]
 use crate::tensor::CpuElement;
@@ -21,7 +21,7 @@ use half::{bf16, f16};
 /// Which kernels a decoding step's blocks run on x86-64 (elsewhere: the panels).
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Level {
+pub(crate) enum Level {
     /// [`avx512`], rows in place.
     Avx512,
     /// [`avx2`], rows in place (F16C too).
@@ -30,14 +30,10 @@ pub(super) enum Level {
     Panels,
 }
 
-/// The kernels for this CPU's SIMD level ([`cpu_simd`]).
+/// The kernels of this CPU's SIMD level (from its [`kernels`] table).
 #[cfg(target_arch = "x86_64")]
 pub(super) fn level() -> Level {
-    match cpu_simd() {
-        Simd::Avx512 => Level::Avx512,
-        Simd::Avx2 if std::arch::is_x86_feature_detected!("f16c") => Level::Avx2,
-        _ => Level::Panels,
-    }
+    kernels().decode
 }
 
 /// An element type the in-place kernels of both levels read.

@@ -46,6 +46,9 @@ mod avx512;
 mod kernels;
 mod step;
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) use kernels::Level;
+
 use std::cell::RefCell;
 use std::ops::Range;
 

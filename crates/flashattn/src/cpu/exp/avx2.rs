@@ -143,7 +143,7 @@ pub(in crate::cpu) fn exp2_poly_ps(x: __m256) -> __m256 {
 /// runs against two rows a step) moved within the noise: forward full 64.3–65.6 → 65.5–66.2
 /// GFLOP/s, the rest ±2.
 #[target_feature(enable = "avx2,fma")]
-pub(super) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; LANES] {
+pub(crate) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; LANES] {
     // SAFETY: `shift` holds 16 f32, read as two unaligned 8-lane vectors.
     let shift = unsafe {
         [
@@ -232,7 +232,7 @@ fn add_step<const V: usize>(sums: &mut [__m256; 2], e: [__m256; V]) {
 
 /// See [`super::exp2_shifted_sum`].
 #[target_feature(enable = "avx2,fma")]
-pub(super) fn exp2_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
+pub(crate) fn exp2_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
     let s = [_mm256_set1_ps(shift); 2];
     let s = (s, s.map(|s| Shift::folded(s)));
     let mut sums = [_mm256_setzero_ps(); 2];

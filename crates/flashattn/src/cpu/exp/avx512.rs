@@ -111,7 +111,7 @@ pub(in crate::cpu) fn exp2_poly_ps(x: __m512) -> __m512 {
 
 /// See [`super::exp2_shifted_panel`].
 #[target_feature(enable = "avx512f")]
-pub(super) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; LANES] {
+pub(crate) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; LANES] {
     // SAFETY: `shift` holds 16 f32.
     let s = unsafe { _mm512_loadu_ps(shift.as_ptr()) };
     // Two sums, so consecutive rows do not wait on each other's add.
@@ -147,7 +147,7 @@ pub(super) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; L
 
 /// See [`super::exp2_shifted_sum`].
 #[target_feature(enable = "avx512f")]
-pub(super) fn exp2_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
+pub(crate) fn exp2_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
     let s = _mm512_set1_ps(shift);
     let mut acc = _mm512_setzero_ps();
     let mut chunks = x.chunks_exact_mut(LANES);

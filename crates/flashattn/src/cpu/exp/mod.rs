@@ -22,9 +22,7 @@
 //! N=1024, 2 threads, Xeon with AVX-512 (2026-11-25): causal forward 301 → 325 GFLOP/s,
 //! backward 304 → 322, full unchanged).
 
-#[cfg(target_arch = "x86_64")]
-use super::simd::Simd;
-use super::simd::cpu_simd;
+use super::simd::kernels;
 
 /// Coefficients of `2^f` on `[−½, ½]`, lowest degree first.
 const EXP2_POLY: [f32; 7] = [
@@ -61,29 +59,7 @@ pub(crate) fn exp2(x: f32) -> f32 {
 /// With `shift` the row maximum this is the softmax numerator of one tile row (entries of −∞
 /// become 0). `shift` must be finite; pass 0 for a row that is all −∞.
 pub(crate) fn exp2_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
-    match cpu_simd() {
-        // SAFETY: the CPU supports the level `cpu_simd` returns.
-        #[cfg(target_arch = "x86_64")]
-        Simd::Avx512 => return unsafe { avx512::exp2_shifted_sum(x, shift) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Simd::Avx2 => return unsafe { avx2::exp2_shifted_sum(x, shift) },
-        _ => {}
-    }
-    let mut lanes = [0f32; 8];
-    let mut chunks = x.chunks_exact_mut(8);
-    for chunk in &mut chunks {
-        for (v, acc) in chunk.iter_mut().zip(&mut lanes) {
-            *v = exp2(*v - shift);
-            *acc += *v;
-        }
-    }
-    let mut sum: f32 = lanes.iter().sum();
-    for v in chunks.into_remainder() {
-        *v = exp2(*v - shift);
-        sum += *v;
-    }
-    sum
+    (kernels().exp2_shifted_sum)(x, shift)
 }
 
 /// Lanes of a panel (one per query of a 16-query panel).
@@ -94,29 +70,48 @@ pub(crate) const LANES: usize = 16;
 /// its lane (a lane maximum, as in the softmax), so that every argument is ≤ 0.
 pub(crate) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; LANES] {
     debug_assert_eq!(x.len() % LANES, 0);
-    match cpu_simd() {
-        // SAFETY: the CPU supports the level `cpu_simd` returns.
-        #[cfg(target_arch = "x86_64")]
-        Simd::Avx512 => return unsafe { avx512::exp2_shifted_panel(x, shift) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Simd::Avx2 => return unsafe { avx2::exp2_shifted_panel(x, shift) },
-        _ => {}
-    }
-    let mut sums = [0f32; LANES];
-    for row in x.chunks_exact_mut(LANES) {
-        for ((v, s), acc) in row.iter_mut().zip(shift).zip(&mut sums) {
-            *v = exp2(*v - s);
-            *acc += *v;
+    (kernels().exp2_shifted_panel)(x, shift)
+}
+
+/// The portable level's kernels.
+pub(crate) mod portable {
+    use super::{LANES, exp2};
+
+    /// See [`super::exp2_shifted_sum`].
+    pub(crate) fn exp2_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
+        let mut lanes = [0f32; 8];
+        let mut chunks = x.chunks_exact_mut(8);
+        for chunk in &mut chunks {
+            for (v, acc) in chunk.iter_mut().zip(&mut lanes) {
+                *v = exp2(*v - shift);
+                *acc += *v;
+            }
         }
+        let mut sum: f32 = lanes.iter().sum();
+        for v in chunks.into_remainder() {
+            *v = exp2(*v - shift);
+            sum += *v;
+        }
+        sum
     }
-    sums
+
+    /// See [`super::exp2_shifted_panel`].
+    pub(crate) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; LANES] {
+        let mut sums = [0f32; LANES];
+        for row in x.chunks_exact_mut(LANES) {
+            for ((v, s), acc) in row.iter_mut().zip(shift).zip(&mut sums) {
+                *v = exp2(*v - s);
+                *acc += *v;
+            }
+        }
+        sums
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) mod avx2;
+pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
-pub(super) mod avx512;
+pub(crate) mod avx512;
 
 /// The relative error that `2^(x − s)` may carry from `x − s` rounded to f32 (half an ulp of
 /// the difference, times ln 2), on top of the exponential's own: the vector kernels subtract
@@ -134,6 +129,13 @@ pub(crate) fn shift_rounding(x: f32, s: f32) -> f64 {
 mod tests {
     use super::*;
 
+    use crate::cpu::simd::{Kernels, Simd};
+
+    /// The kernels of every level this CPU has.
+    fn every_level() -> impl Iterator<Item = &'static Kernels> {
+        Simd::available().map(Kernels::of)
+    }
+
     #[test]
     fn exp2_is_accurate_and_flushes_minus_infinity() {
         let mut worst = 0f64;
@@ -147,24 +149,26 @@ mod tests {
         assert_eq!(exp2(-200.0), 0.0);
     }
 
-    /// The vector kernels of this CPU's level over the whole range, dense: relative error
+    /// The vector kernels of every level this CPU has over the whole range, dense: relative error
     /// 3e-7 for normal results; below 2^-126 they may flush to 0; 0 from −∞, 2^127 at the
     /// top.
     #[test]
     fn vector_exp2_is_accurate_over_the_whole_range() {
-        let mut x: Vec<f32> = (-160 * 4096..=128 * 4096)
-            .map(|i| i as f32 / 4096.0 + 1.7e-5)
-            .collect();
-        x.extend([f32::NEG_INFINITY, 127.0, 300.0, -127.0, -126.0, 0.0]);
-        let orig = x.clone();
-        exp2_shifted_sum(&mut x, 0.0);
-        for (&got, &o) in x.iter().zip(&orig) {
-            let want = (o.min(127.0) as f64).exp2();
-            let err = (got as f64 - want).abs();
-            if want >= f32::MIN_POSITIVE as f64 {
-                assert!(err <= 3e-7 * want, "2^{o}: {got} vs {want}");
-            } else {
-                assert!(err <= f32::MIN_POSITIVE as f64, "2^{o}: {got} vs {want}");
+        for k in every_level() {
+            let mut x: Vec<f32> = (-160 * 4096..=128 * 4096)
+                .map(|i| i as f32 / 4096.0 + 1.7e-5)
+                .collect();
+            x.extend([f32::NEG_INFINITY, 127.0, 300.0, -127.0, -126.0, 0.0]);
+            let orig = x.clone();
+            (k.exp2_shifted_sum)(&mut x, 0.0);
+            for (&got, &o) in x.iter().zip(&orig) {
+                let want = (o.min(127.0) as f64).exp2();
+                let err = (got as f64 - want).abs();
+                if want >= f32::MIN_POSITIVE as f64 {
+                    assert!(err <= 3e-7 * want, "2^{o}: {got} vs {want}");
+                } else {
+                    assert!(err <= f32::MIN_POSITIVE as f64, "2^{o}: {got} vs {want}");
+                }
             }
         }
     }
@@ -173,36 +177,38 @@ mod tests {
     /// its rounding), off it, and on it but too large to fold.
     #[test]
     fn shifted_panel_matches_f64() {
-        for base in [0.0f32, 0.3, 3.0e5] {
-            // At least every value of its lane (base + 20 is the largest), as the softmax
-            // passes.
-            let shift: [f32; LANES] = std::array::from_fn(|l| base + 20.0 + l as f32 * 0.5);
-            for rows in [0, 1, 5, 40] {
-                let orig: Vec<f32> = (0..rows * LANES)
-                    .map(|i| {
-                        if i % 7 == 2 {
-                            f32::NEG_INFINITY
-                        } else {
-                            base + (i as f32 * 0.41).cos() * 20.0
+        for k in every_level() {
+            for base in [0.0f32, 0.3, 3.0e5] {
+                // At least every value of its lane (base + 20 is the largest), as the softmax
+                // passes.
+                let shift: [f32; LANES] = std::array::from_fn(|l| base + 20.0 + l as f32 * 0.5);
+                for rows in [0, 1, 5, 40] {
+                    let orig: Vec<f32> = (0..rows * LANES)
+                        .map(|i| {
+                            if i % 7 == 2 {
+                                f32::NEG_INFINITY
+                            } else {
+                                base + (i as f32 * 0.41).cos() * 20.0
+                            }
+                        })
+                        .collect();
+                    let mut x = orig.clone();
+                    let sums = (k.exp2_shifted_panel)(&mut x, &shift);
+                    for l in 0..LANES {
+                        let (mut want_sum, mut sum_tol) = (0f64, 0f64);
+                        for r in 0..rows {
+                            let o = orig[r * LANES + l];
+                            let want = (o as f64 - shift[l] as f64).exp2();
+                            let got = x[r * LANES + l] as f64;
+                            let tol = (3e-7 + shift_rounding(o, shift[l])) * want;
+                            assert!((got - want).abs() <= tol, "{base}: {got} vs {want}");
+                            want_sum += want;
+                            sum_tol += tol;
                         }
-                    })
-                    .collect();
-                let mut x = orig.clone();
-                let sums = exp2_shifted_panel(&mut x, &shift);
-                for l in 0..LANES {
-                    let (mut want_sum, mut sum_tol) = (0f64, 0f64);
-                    for r in 0..rows {
-                        let o = orig[r * LANES + l];
-                        let want = (o as f64 - shift[l] as f64).exp2();
-                        let got = x[r * LANES + l] as f64;
-                        let tol = (3e-7 + shift_rounding(o, shift[l])) * want;
-                        assert!((got - want).abs() <= tol, "{base}: {got} vs {want}");
-                        want_sum += want;
-                        sum_tol += tol;
+                        // The terms' own errors, and the f32 sum's.
+                        let err = (sums[l] as f64 - want_sum).abs();
+                        assert!(err <= sum_tol + 1e-6 * want_sum.max(1e-30), "{base}: sum");
                     }
-                    // The terms' own errors, and the f32 sum's.
-                    let err = (sums[l] as f64 - want_sum).abs();
-                    assert!(err <= sum_tol + 1e-6 * want_sum.max(1e-30), "{base}: sum");
                 }
             }
         }
@@ -210,26 +216,28 @@ mod tests {
 
     #[test]
     fn shifted_sum_matches_scalar_on_every_length() {
-        for n in [0, 1, 7, 8, 15, 16, 17, 33, 256, 259] {
-            let orig: Vec<f32> = (0..n)
-                .map(|i| {
-                    if i % 5 == 3 {
-                        f32::NEG_INFINITY
-                    } else {
-                        (i as f32 * 0.77).sin() * 30.0
-                    }
-                })
-                .collect();
-            let shift = 4.5;
-            let mut x = orig.clone();
-            let sum = exp2_shifted_sum(&mut x, shift);
-            let mut want_sum = 0f64;
-            for (got, o) in x.iter().zip(&orig) {
-                let want = ((o - shift) as f64).exp2();
-                want_sum += want;
-                assert!((*got as f64 - want).abs() <= 3e-7 * want, "{got} vs {want}");
+        for k in every_level() {
+            for n in [0, 1, 7, 8, 15, 16, 17, 33, 256, 259] {
+                let orig: Vec<f32> = (0..n)
+                    .map(|i| {
+                        if i % 5 == 3 {
+                            f32::NEG_INFINITY
+                        } else {
+                            (i as f32 * 0.77).sin() * 30.0
+                        }
+                    })
+                    .collect();
+                let shift = 4.5;
+                let mut x = orig.clone();
+                let sum = (k.exp2_shifted_sum)(&mut x, shift);
+                let mut want_sum = 0f64;
+                for (got, o) in x.iter().zip(&orig) {
+                    let want = ((o - shift) as f64).exp2();
+                    want_sum += want;
+                    assert!((*got as f64 - want).abs() <= 3e-7 * want, "{got} vs {want}");
+                }
+                assert!((sum as f64 - want_sum).abs() <= 1e-6 * want_sum.max(1e-30));
             }
-            assert!((sum as f64 - want_sum).abs() <= 1e-6 * want_sum.max(1e-30));
         }
     }
 }

@@ -8,6 +8,25 @@ use super::{Block, ColMax, PanelStrides};
 /// Rows of C per register block.
 const MR: usize = 6;
 
+/// See [`super::PanelKernels::product`]: one panel at a time (the gradient's epilogue is the
+/// caller's).
+///
+/// # Safety
+/// AVX2 and FMA must be available and the operands of `x` valid for `rows` rows on
+/// `col_max.len()` panels (checked by [`super::product`]).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn product_panels(x: Block, rows: usize, col_max: &mut [ColMax]) {
+    for (w, max) in col_max.iter_mut().enumerate() {
+        let one = Block {
+            c: x.c.wrapping_add(w * x.pair.c),
+            b: x.b.wrapping_add(w * x.pair.b),
+            ..x
+        };
+        // SAFETY: the caller's contract, for panel w alone.
+        unsafe { product(one, rows, max) };
+    }
+}
+
 /// One panel's product (see [`super::panels_product`]), in blocks of 6 rows, with two to five
 /// blocks of 5 instead of one short block at the end (a 4-row block has too few accumulators
 /// to hide the FMA latency), and 7 or 8 rows as two blocks of 3 or 4 rather than 6 and 1 or 2.
@@ -17,7 +36,7 @@ const MR: usize = 6;
 /// AVX2 and FMA must be available and the operands of `x` valid for `rows` rows (checked by
 /// [`super::product`]).
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn product(x: Block, rows: usize, col_max: &mut ColMax) {
+unsafe fn product(x: Block, rows: usize, col_max: &mut ColMax) {
     let fives = if rows >= 20 { (MR - rows % MR) % MR } else { 0 };
     let (b, k, st, acc) = (x.b, x.k, x.st, x.accumulate);
     let mut r0 = 0;

@@ -66,13 +66,55 @@ macro_rules! store {
     }};
 }
 
+/// See [`super::PanelKernels::product`]: [`product`] on one panel or a pair.
+///
+/// # Safety
+/// As for [`product`], on `col_max.len()` panels (1 or 2).
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn product_any(x: Block, rows: usize, col_max: &mut [ColMax]) {
+    let panels = "a product takes one panel or two";
+    // SAFETY: the caller's contract.
+    unsafe {
+        match col_max.len() {
+            1 => product::<1>(x, rows, col_max.try_into().expect(panels)),
+            _ => product::<2>(x, rows, col_max.try_into().expect(panels)),
+        }
+    }
+}
+
+/// See [`super::PanelKernels::product_exp`]: [`product_exp`] on one panel or a pair.
+///
+/// # Safety
+/// As for [`product_exp`], on `sums.len()` panels (1 or 2), `shift` holding as many.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn product_exp_any(x: Block, rows: usize, shift: &[ColMax], sums: &mut [ColMax]) {
+    let panels = "a product takes one panel or two, a shift each";
+    // SAFETY: the caller's contract.
+    unsafe {
+        match sums.len() {
+            1 => product_exp::<1>(
+                x,
+                rows,
+                shift.try_into().expect(panels),
+                sums.try_into().expect(panels),
+            ),
+            _ => product_exp::<2>(
+                x,
+                rows,
+                shift.try_into().expect(panels),
+                sums.try_into().expect(panels),
+            ),
+        }
+    }
+}
+
 /// The whole product (see [`super::product`]), cut into register blocks of nearly equal size.
 ///
 /// # Safety
 /// AVX-512F must be available and the operands of `x` valid for `rows` rows on `W` panels
 /// (checked by [`super::product`]).
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn product<const W: usize>(x: Block, rows: usize, col_max: &mut [ColMax; W]) {
+unsafe fn product<const W: usize>(x: Block, rows: usize, col_max: &mut [ColMax; W]) {
     // SAFETY: the caller's contract.
     unsafe {
         match x.grad {
@@ -160,7 +202,7 @@ unsafe fn product_with<const W: usize, const GRAD: bool>(
 /// # Safety
 /// As for [`product`], with `a_rs == 1`, B writable through `x.b` and `st.b_rs == 16`.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn product_exp<const W: usize>(
+unsafe fn product_exp<const W: usize>(
     x: Block,
     rows: usize,
     shift: &[ColMax; W],

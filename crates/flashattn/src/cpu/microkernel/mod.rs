@@ -30,13 +30,14 @@
 //! single-panel products.
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
+pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+pub(crate) mod avx512;
+pub(crate) mod portable;
 mod softmax_grad;
 mod softmax_product;
 
-use super::simd::{Simd, cpu_simd};
+use super::simd::{Kernels, Simd, cpu_simd};
 
 pub(crate) use softmax_grad::softmax_grad_product;
 pub(crate) use softmax_product::softmax_product;
@@ -111,11 +112,35 @@ pub(crate) fn join_max(max: &mut ColMax, other: &ColMax) {
     }
 }
 
-/// The operands of one register block, as raw pointers (see [`product`] for their checks; the
-/// portable path reads only `accumulate`).
+/// A level's product kernel (see [`PanelKernels::product`]).
+pub(crate) type ProductFn = unsafe fn(x: Block, rows: usize, col_max: &mut [ColMax]);
+
+/// A level's fused softmax product (see [`PanelKernels::product_exp`]).
+pub(crate) type ProductExpFn =
+    unsafe fn(x: Block, rows: usize, shift: &[ColMax], sums: &mut [ColMax]);
+
+/// One level's panel kernels (a field of [`Kernels`]).
+pub(crate) struct PanelKernels {
+    /// The product of [`product`] on `col_max.len()` panels (1 or 2), which widens `col_max`;
+    /// it stores the softmax gradient's epilogue itself (`Block::grad`) where `grad` says so.
+    ///
+    /// # Safety
+    /// The level's CPU features must be available, and the operands valid for `rows` rows
+    /// (checked by [`product`]).
+    pub(crate) product: ProductFn,
+    /// The softmax product with its exponentials inside the first block's loop, for A's columns
+    /// contiguous (see [`softmax_product`]), where the level has one.
+    ///
+    /// # Safety
+    /// As for `product`, with `a_rs == 1`, B writable through `x.b` and `st.b_rs == 16`.
+    pub(crate) product_exp: Option<ProductExpFn>,
+    /// Whether `product` honours `Block::grad` (for A's rows not contiguous).
+    pub(crate) grad: bool,
+}
+
+/// The operands of one register block, as raw pointers (see [`product`] for their checks).
 #[derive(Clone, Copy)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-struct Block {
+pub(crate) struct Block {
     c: *mut f32,
     a: *const f32,
     b: *const f32,
@@ -138,7 +163,6 @@ struct GradRows {
 impl Block {
     /// The product of `k` steps on C, A and B from their first elements, plainly stored
     /// (`accumulate` false, no gradient).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn new(
         c: *mut f32,
         a: *const f32,
@@ -210,39 +234,10 @@ fn product<const W: usize>(
         accumulate: write == Write::Accumulate,
         ..Block::new(c.as_mut_ptr(), a.as_ptr(), b.as_ptr(), k, st, pair)
     };
-    debug_assert!(simd <= cpu_simd());
-    match simd {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the level is supported by this CPU (the caller's, at most `cpu_simd`);
-        // the operands are inside their slices (asserted above) and C, borrowed mutably,
-        // overlaps neither A nor B nor (for a pair) its other panel.
-        Simd::Avx512 => unsafe { avx512::product(block, rows, &mut col_max) },
-        #[cfg(target_arch = "x86_64")]
-        Simd::Avx2 => {
-            for (w, max) in col_max.iter_mut().enumerate() {
-                let one = Block {
-                    c: block.c.wrapping_add(w * pair.c),
-                    b: block.b.wrapping_add(w * pair.b),
-                    ..block
-                };
-                // SAFETY: as above, for panel w alone.
-                unsafe { avx2::product(one, rows, max) };
-            }
-        }
-        _ => {
-            for (w, max) in col_max.iter_mut().enumerate() {
-                *max = portable(
-                    &mut c[w * pair.c..],
-                    a,
-                    &b[w * pair.b..],
-                    rows,
-                    k,
-                    st,
-                    block.accumulate,
-                );
-            }
-        }
-    }
+    // SAFETY: the level's kernels run on this CPU (`Kernels::of`); the operands are inside
+    // their slices (asserted above) and C, borrowed mutably, overlaps neither A nor B nor (for
+    // a pair) its other panel.
+    unsafe { (Kernels::of(simd).panels.product)(block, rows, &mut col_max) };
     col_max
 }
 
@@ -281,33 +276,6 @@ fn check_ab<const W: usize>(
         (W - 1) * pair.b + (k - 1) * st.b_rs + PANEL <= b_len,
         "panel product: B out of bounds"
     );
-}
-
-fn portable(
-    c: &mut [f32],
-    a: &[f32],
-    b: &[f32],
-    rows: usize,
-    k: usize,
-    st: PanelStrides,
-    acc: bool,
-) -> ColMax {
-    let mut max = NO_MAX;
-    for r in 0..rows {
-        let mut sum = [0f32; PANEL];
-        for l in 0..k {
-            let x = a[r * st.a_rs + l * st.a_cs];
-            for (s, y) in sum.iter_mut().zip(&b[l * st.b_rs..l * st.b_rs + PANEL]) {
-                *s += x * y;
-            }
-        }
-        let row = &mut c[r * st.c_rs..r * st.c_rs + PANEL];
-        for ((o, s), m) in row.iter_mut().zip(sum).zip(&mut max) {
-            *o = if acc { *o + s } else { s };
-            *m = m.max(*o);
-        }
-    }
-    max
 }
 
 #[cfg(test)]

@@ -17,10 +17,8 @@
 //! 0.837–1.017×, full 0.807–1.016×) and was dropped.
 
 use super::Write;
-#[cfg(target_arch = "x86_64")]
-use super::{Block, GradRows, check_ab};
-use super::{PANEL, PairOffsets, PanelStrides, check_c, product};
-use crate::cpu::simd::{Simd, cpu_simd};
+use super::{Block, GradRows, PANEL, PairOffsets, PanelStrides, check_ab, check_c, product};
+use crate::cpu::simd::{Kernels, Simd, cpu_simd};
 
 /// `C[r] = P[r] ∘ (A[r]·B − delta[r])` for every row `r` of C (`rows × 16`, one panel or two
 /// as in [`super::panels_product`]), where P holds a panel (or two) at the same offsets and
@@ -66,10 +64,9 @@ pub(super) fn grad<const W: usize>(
         delta.len() >= rows,
         "softmax grad product: a row's D missing"
     );
-    debug_assert!(simd <= cpu_simd());
+    let kernels = &Kernels::of(simd).panels;
     // The epilogue kernels read A by rows (`a_rs != 1`), as the backward's dO is.
-    #[cfg(target_arch = "x86_64")]
-    if simd == Simd::Avx512 && k > 0 && st.a_rs != 1 {
+    if kernels.grad && k > 0 && st.a_rs != 1 {
         check_ab::<W>(a.len(), b.len(), rows, k, st, pair);
         let grad = GradRows {
             p: p.as_ptr(),
@@ -80,10 +77,10 @@ pub(super) fn grad<const W: usize>(
             ..Block::new(c.as_mut_ptr(), a.as_ptr(), b.as_ptr(), k, st, pair)
         };
         let mut col_max = [[f32::NEG_INFINITY; PANEL]; W];
-        // SAFETY: AVX-512F is available (simd ≤ cpu_simd); C, A, B and P lie inside their
-        // slices and `delta` holds a value per row (checked above); C, borrowed mutably,
+        // SAFETY: the level's kernels run on this CPU (`Kernels::of`); C, A, B and P lie inside
+        // their slices and `delta` holds a value per row (checked above); C, borrowed mutably,
         // overlaps neither A, B, P nor its other panel.
-        unsafe { super::avx512::product(block, rows, &mut col_max) };
+        unsafe { (kernels.product)(block, rows, &mut col_max) };
         return;
     }
     product::<W>(simd, c, a, b, rows, k, st, pair, Write::Overwrite);

@@ -16,11 +16,8 @@
 //! Forward +1 to +2.5 points at N=1024 and 4096, causal and not.
 
 use super::Write;
-#[cfg(target_arch = "x86_64")]
-use super::{Block, check_ab, check_c};
-use super::{ColMax, PANEL, PairOffsets, PanelStrides, product};
-use crate::cpu::exp::exp2_shifted_panel;
-use crate::cpu::simd::{Simd, cpu_simd};
+use super::{Block, ColMax, PANEL, PairOffsets, PanelStrides, check_ab, check_c, product};
+use crate::cpu::simd::{Kernels, Simd, cpu_simd};
 
 /// `C[rows × 16] += A[rows × k] · 2^(B − shift)` on one panel or two (`pair`, laid out as for
 /// [`super::panels_product`]), where each panel of B is `k` contiguous rows of 16
@@ -74,9 +71,11 @@ pub(super) fn product_exp<const W: usize>(
         W == 1 || pair.b >= k * PANEL,
         "softmax product: the two B panels overlap"
     );
-    debug_assert!(simd <= cpu_simd());
-    #[cfg(target_arch = "x86_64")]
-    if simd == Simd::Avx512 && st.a_rs == 1 && rows > 0 {
+    let kernels = Kernels::of(simd);
+    if let Some(fused) = kernels.panels.product_exp
+        && st.a_rs == 1
+        && rows > 0
+    {
         check_c::<W>(c.len(), rows, st, pair);
         check_ab::<W>(a.len(), b.len(), rows, k, st, pair);
         let b = b.as_mut_ptr().cast_const();
@@ -84,14 +83,14 @@ pub(super) fn product_exp<const W: usize>(
             accumulate: true,
             ..Block::new(c.as_mut_ptr(), a.as_ptr(), b, k, st, pair)
         };
-        // SAFETY: AVX-512F is available (simd ≤ cpu_simd); the operands lie inside their
-        // slices (checked above); B, borrowed mutably, may be written through `block.b`, and C,
-        // also borrowed mutably, overlaps neither A nor B nor its other panel.
-        unsafe { super::avx512::product_exp(block, rows, shift, &mut sums) };
+        // SAFETY: the level's kernels run on this CPU (`Kernels::of`); the operands lie
+        // inside their slices (checked above); B, borrowed mutably, may be written through
+        // `block.b`, and C, also borrowed mutably, overlaps neither A nor B nor its other panel.
+        unsafe { fused(block, rows, shift, &mut sums) };
         return sums;
     }
     for (w, sum) in sums.iter_mut().enumerate() {
-        *sum = exp2_shifted_panel(&mut b[w * pair.b..][..k * PANEL], &shift[w]);
+        *sum = (kernels.exp2_shifted_panel)(&mut b[w * pair.b..][..k * PANEL], &shift[w]);
     }
     product::<W>(simd, c, a, b, rows, k, st, pair, Write::Accumulate);
     sums
