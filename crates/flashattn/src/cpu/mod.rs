@@ -1,30 +1,17 @@
 //! The CPU backend: tiled FlashAttention forward and backward, parallel with rayon.
 
 mod backward;
-mod backward_block;
-mod backward_split;
-mod bias_grad;
 pub(crate) mod convert;
 mod decode;
-mod elementwise;
-mod exp;
 mod forward;
-mod key_rows;
-mod lanes;
 pub(crate) mod line_buf;
-mod microkernel;
 mod online_softmax;
-mod pieces;
+mod planning;
 mod prefetch;
 pub(crate) mod profile;
-mod query_blocks;
-mod schedule;
 mod score_mods;
 mod shared_out;
 mod simd;
-mod softcap;
-mod tile_config;
-mod transpose;
 
 use std::cell::RefCell;
 use std::mem::MaybeUninit;
@@ -43,11 +30,12 @@ use crate::problem::{Problem, RowLayout, row_layout, strides_like};
 use crate::tensor::{CpuElement, CpuStorage, Tensor, contiguous_strides};
 
 /// The vectorized row exp, also used by the standard attention baseline (one exp for both).
-pub(crate) use exp::exp2_shifted_sum;
+use planning::schedule;
 pub use profile::report as forward_profile;
 /// Parallel writes of large buffers (`host_buf`), on the same threads as the kernels' tasks.
 pub(crate) use schedule::for_each_chunk;
 pub(crate) use shared_out::SharedOut;
+pub(crate) use simd::exp::exp2_shifted_sum;
 pub use simd::{Simd, cpu_simd};
 
 /// The host buffer of `t` as `T` (validated to be on the host with dtype `T`).

@@ -17,8 +17,8 @@
 //! NaN probability, so the query's sum and accumulator column become NaN and stay NaN through
 //! every rescale: its output and log-sum-exp come out NaN, as they do elsewhere.
 
-use super::exp::{LANES, exp2_shifted_panel};
-use super::lanes::{lane_lse, lane_max, scale_lanes};
+use crate::cpu::simd::exp::{LANES, exp2_shifted_panel};
+use crate::cpu::simd::lanes::{lane_lse, lane_max, scale_lanes};
 
 /// Running maximum (base 2) and sum of each query of a panel.
 #[derive(Clone, Copy, Debug)]

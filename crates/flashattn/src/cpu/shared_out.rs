@@ -3,9 +3,9 @@
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 
-use super::prefetch::RowsAhead;
-use super::simd::cpu_simd;
-use super::transpose::{ColScale, transpose_to};
+use crate::cpu::prefetch::RowsAhead;
+use crate::cpu::simd::cpu_simd;
+use crate::cpu::simd::transpose::{ColScale, transpose_to};
 use crate::dtype::{DType, Element};
 use crate::problem::RowLayout;
 use crate::tensor::CpuElement;

@@ -6,13 +6,13 @@
 use super::BLOCK;
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
-use crate::cpu::exp::LANES;
-use crate::cpu::key_rows::KeyRows;
-use crate::cpu::microkernel::{PairOffsets, PanelStrides, Write, panels_product};
+use crate::cpu::forward::key_rows::KeyRows;
 use crate::cpu::prefetch::RowsAhead;
+use crate::cpu::simd::exp::LANES;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::simd::kernels;
-use crate::cpu::transpose::transpose;
+use crate::cpu::simd::microkernel::{PairOffsets, PanelStrides, Write, panels_product};
+use crate::cpu::simd::transpose::transpose;
 #[cfg(target_arch = "x86_64")]
 use crate::tensor::CpuElement;
 #[cfg(target_arch = "x86_64")]

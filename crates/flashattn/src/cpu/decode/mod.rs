@@ -52,12 +52,12 @@ pub(crate) use kernels::Level;
 use std::cell::RefCell;
 use std::ops::Range;
 
-use crate::cpu::schedule::for_each_queued;
+use crate::cpu::planning::schedule::for_each_queued;
 
-use crate::cpu::exp::{LANES, exp2};
 use crate::cpu::forward::Inputs;
-use crate::cpu::lanes::lane_lse;
 use crate::cpu::online_softmax::inverse_sum;
+use crate::cpu::simd::exp::{LANES, exp2};
+use crate::cpu::simd::lanes::lane_lse;
 use crate::cpu::{SharedOut, with_thread_scratch};
 use crate::problem::Problem;
 use crate::tensor::CpuElement;

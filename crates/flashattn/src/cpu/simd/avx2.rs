@@ -2,10 +2,10 @@
 //! the portable ones, which the compiler vectorizes.
 
 use super::{Kernels, TransposeBlock, checked};
+use super::{elementwise, exp, lanes, softcap, transpose};
 use crate::cpu::decode::Level;
-use crate::cpu::exp::LANES;
-use crate::cpu::microkernel::{PanelKernels, avx2 as panels};
-use crate::cpu::{elementwise, exp, lanes, softcap, transpose};
+use crate::cpu::simd::exp::LANES;
+use crate::cpu::simd::microkernel::{PanelKernels, avx2 as panels};
 
 checked! {
     exp2_shifted_sum(x: &mut [f32], shift: f32) -> f32 = exp::avx2::exp2_shifted_sum;

@@ -1,10 +1,10 @@
 //! The AVX-512F level's kernels (which also run the AVX2 ones where a size wants them).
 
 use super::{Kernels, TransposeBlock, checked};
+use super::{elementwise, exp, lanes, softcap, transpose};
 use crate::cpu::decode::Level;
-use crate::cpu::exp::LANES;
-use crate::cpu::microkernel::{PanelKernels, avx512 as panels};
-use crate::cpu::{elementwise, exp, lanes, softcap, transpose};
+use crate::cpu::simd::exp::LANES;
+use crate::cpu::simd::microkernel::{PanelKernels, avx512 as panels};
 
 checked! {
     exp2_shifted_sum(x: &mut [f32], shift: f32) -> f32 = exp::avx512::exp2_shifted_sum;

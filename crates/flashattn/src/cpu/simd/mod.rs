@@ -7,20 +7,26 @@
 //! (`avx2` or `portable`): for comparing the kernels on one machine and for testing every path
 //! there. A request above what the CPU supports, or a value not listed, leaves the detected
 //! level. Every level promises the same results up to rounding, so the unit tests check each
-//! kernel at every level the CPU has ([`Simd::available`]) against one reference.
+//! kernel at every level the CPU has (`Simd::available`) against one reference.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+pub(crate) mod elementwise;
+pub(crate) mod exp;
+pub(crate) mod lanes;
+pub(crate) mod microkernel;
 mod portable;
+pub(crate) mod softcap;
+pub(crate) mod transpose;
 
 use std::sync::OnceLock;
 
 #[cfg(target_arch = "x86_64")]
 use super::decode::Level as DecodeLevel;
-use super::exp::LANES;
-use super::microkernel::PanelKernels;
+use exp::LANES;
+use microkernel::PanelKernels;
 
 /// A square transpose kernel of one block size: the block at `src` (row stride `src_rs`) into
 /// `dst` (row stride `dst_rs`), its column `c` times `f[c]` when `f` is given.

@@ -1,10 +1,10 @@
 //! The portable level's kernels: plain Rust, any CPU.
 
 use super::Kernels;
+use super::{elementwise, exp, lanes, softcap};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::decode::Level;
-use crate::cpu::microkernel::{PanelKernels, portable as panels};
-use crate::cpu::{elementwise, exp, lanes, softcap};
+use crate::cpu::simd::microkernel::{PanelKernels, portable as panels};
 
 pub(super) static KERNELS: Kernels = Kernels {
     exp2_shifted_sum: exp::portable::exp2_shifted_sum,

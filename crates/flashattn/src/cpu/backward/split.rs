@@ -16,7 +16,7 @@
 //! with enough groups for the threads (H=32 on 8 key/value heads) 2 / 4 runs against whole
 //! groups, full 0.995 / 0.950, causal 0.978 / 0.899.
 
-use super::backward_block::padded;
+use crate::cpu::backward::block::padded;
 use crate::problem::Problem;
 
 /// The most memory the partial sums may take (dQ beyond the first full-size f32 dQ, or dK and

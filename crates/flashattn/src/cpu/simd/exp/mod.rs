@@ -1,5 +1,5 @@
 //! Vectorized `2^x` for the softmax tiles: AVX-512F or AVX2/FMA on x86-64, whichever is the
-//! widest the CPU has ([`cpu_simd`], decided once per process), a portable scalar path otherwise.
+//! widest the CPU has (`simd::kernels`, chosen once per process), a portable scalar path otherwise.
 //!
 //! Attention works in base 2: scores are multiplied by `scale · log2(e)` once, so that
 //! `exp(s − m) = 2^(s·log2e − m·log2e)` costs one `exp2` per element and no extra multiply.
@@ -22,7 +22,7 @@
 //! N=1024, 2 threads, Xeon with AVX-512 (2026-11-25): causal forward 301 → 325 GFLOP/s,
 //! backward 304 → 322, full unchanged).
 
-use super::simd::kernels;
+use crate::cpu::simd::kernels;
 
 /// Coefficients of `2^f` on `[−½, ½]`, lowest degree first.
 const EXP2_POLY: [f32; 7] = [

@@ -2,7 +2,7 @@
 //! baseline build gives the compiler only SSE2's 4 lanes), plain Rust otherwise. (`dS =
 //! P∘(dP − D)` is the epilogue of `dP`'s product: `microkernel::softmax_grad_product`.)
 
-use super::simd::kernels;
+use crate::cpu::simd::kernels;
 
 /// `Σ a[j]·b[j]` (equal lengths), in several partial sums.
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {

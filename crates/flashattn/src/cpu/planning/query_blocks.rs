@@ -14,7 +14,7 @@ use crate::mask::Mask;
 /// bench's rate (fastest call of three, median over 8 interleaved rounds, over the uncut
 /// blocks') moved 1.008 and 1.003 full, 0.997 and 1.016 causal in two runs; at N=4096 0.994
 /// full, 1.001 causal.
-pub(super) fn query_blocks(nq: usize, block_q: usize, mask: &Mask) -> Vec<Range<usize>> {
+pub(crate) fn query_blocks(nq: usize, block_q: usize, mask: &Mask) -> Vec<Range<usize>> {
     let blocks = (0..nq.div_ceil(block_q)).map(|t| t * block_q..((t + 1) * block_q).min(nq));
     let cheapest = blocks
         .clone()
@@ -34,7 +34,7 @@ pub(super) fn query_blocks(nq: usize, block_q: usize, mask: &Mask) -> Vec<Range<
 }
 
 /// Query rows times the keys they see under `mask`: a block's share of the call's work.
-pub(super) fn block_cost(mask: &Mask, rows: Range<usize>) -> usize {
+pub(crate) fn block_cost(mask: &Mask, rows: Range<usize>) -> usize {
     rows.len() * mask.key_range_for_rows(rows).len()
 }
 

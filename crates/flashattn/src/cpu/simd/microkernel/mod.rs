@@ -37,7 +37,7 @@ pub(crate) mod portable;
 mod softmax_grad;
 mod softmax_product;
 
-use super::simd::{Kernels, Simd, cpu_simd};
+use crate::cpu::simd::{Kernels, Simd, cpu_simd};
 
 pub(crate) use softmax_grad::softmax_grad_product;
 pub(crate) use softmax_product::softmax_product;
@@ -129,7 +129,7 @@ pub(crate) struct PanelKernels {
     /// (checked by [`product`]).
     pub(crate) product: ProductFn,
     /// The softmax product with its exponentials inside the first block's loop, for A's columns
-    /// contiguous (see [`softmax_product`]), where the level has one.
+    /// contiguous (see [`softmax_product()`]), where the level has one.
     ///
     /// # Safety
     /// As for `product`, with `a_rs == 1`, B writable through `x.b` and `st.b_rs == 16`.

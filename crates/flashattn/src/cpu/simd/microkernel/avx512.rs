@@ -19,7 +19,7 @@
 use std::arch::x86_64::*;
 
 use super::{Block, ColMax, GradRows, PANEL};
-use crate::cpu::exp::avx512::exp2_ps;
+use crate::cpu::simd::exp::avx512::exp2_ps;
 
 /// A run of `blocks` register blocks of the same height, one after the other; C, A and B
 /// point at the first block's first row.

@@ -3,9 +3,9 @@
 //! 1. `D = rowsum(dO∘O)` per (sequence, query head, query).
 //! 2. One task per (sequence, key/value head), or per part of one when there are too few of
 //!    those for the threads: a run of the group's query heads, or a chunk of the key blocks
-//!    (`backward_split`). A task walks its key blocks; each keeps its dK and dV in f32 while
+//!    (`split`). A task walks its key blocks; each keeps its dK and dV in f32 while
 //!    the query tiles of the task's heads that see it pass by (whole tiles outside the mask are
-//!    never visited), see [`super::backward_block`].
+//!    never visited), see [`crate::cpu::backward::block`].
 //! 3. A task that has every key block sums its dQ in its thread's scratch and writes its dq rows
 //!    when its last key block is done, while they are still in cache. f32, B=1, H=8, D=64,
 //!    N=1024, `backward_into`, ratio to per-chunk partials, median over 8–20 interleaved
@@ -17,7 +17,7 @@
 //!
 //! The loops that read or write strided rows once a call per head (the packing of Q, dO, K and
 //! V, the writes of dK, dV and dQ) ask for the rows a few on from the current one
-//! ([`RowsAhead::ahead_of`](super::prefetch::RowsAhead::ahead_of)): rows a head apart
+//! ([`RowsAhead::ahead_of`](crate::cpu::prefetch::RowsAhead::ahead_of)): rows a head apart
 //! otherwise each wait on memory. Measured on the 2-vCPU Zen 4 VM (2026-11-24), f32, B=1, H=8,
 //! D=64, N=1024, `backward_into`, % of the sgemm rate timed in the same round, median over
 //! 8–10 interleaved rounds, ratio with/without: one thread full 1.010, causal 1.022; two
@@ -29,17 +29,21 @@
 //! dQ rows of the task's sequence and heads among them), kept by the thread from one call to the
 //! next when they take at most 8 MiB ([`KEPT_SCRATCH_BYTES`]).
 
+mod bias_grad;
+mod block;
+mod split;
+
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::schedule::{for_each_owned, for_each_queued};
+use crate::cpu::planning::schedule::{for_each_owned, for_each_queued};
 
-use super::backward_block::{BlockCtx, Scratch, Sinks, padded};
-use super::backward_split::{Split, chunk_blocks, key_part_len, sequence_costs};
-use super::bias_grad::BiasGrad;
-use super::elementwise::dot;
-use super::line_buf::LineBuf;
 use super::{SharedOut, call_number, with_thread_scratch};
+use crate::cpu::backward::bias_grad::BiasGrad;
+use crate::cpu::backward::block::{BlockCtx, Scratch, Sinks, padded};
+use crate::cpu::backward::split::{Split, chunk_blocks, key_part_len, sequence_costs};
+use crate::cpu::line_buf::LineBuf;
+use crate::cpu::simd::elementwise::dot;
 use crate::problem::{Problem, RowLayout, Seq};
 use crate::tensor::CpuElement;
 

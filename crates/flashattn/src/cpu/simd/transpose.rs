@@ -4,7 +4,7 @@
 //! columns on the way (the forward's query scale going in, each query's `1 / sum` going out),
 //! which saves a pass over the panel.
 
-use super::simd::{Kernels, Simd, cpu_simd};
+use crate::cpu::simd::{Kernels, Simd, cpu_simd};
 
 /// Factors for the columns of a transposed source: column `c` is multiplied by `f[c % 16]`
 /// (one factor for all columns, or one per query of a 16-query panel).

@@ -2,8 +2,8 @@
 //! one AVX-512 vector per row when the CPU has it, plain Rust otherwise (which the compiler
 //! vectorizes with the baseline SSE2); the log-sum-exps in f64 vectors with AVX2 too.
 
-use super::exp::LANES;
-use super::simd::kernels;
+use crate::cpu::simd::exp::LANES;
+use crate::cpu::simd::kernels;
 
 /// The largest value of each lane over the rows of a `rows × 16` panel (−∞ for no rows).
 pub(crate) fn lane_max(s: &[f32]) -> [f32; LANES] {

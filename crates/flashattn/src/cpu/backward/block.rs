@@ -13,7 +13,7 @@
 //! ```
 //!
 //! Every product is the microkernel's `C[rows × 16] (=|+=) A · B[k × 16]` over 16-column panels
-//! of the right operand (see [`super::microkernel`]): A is read in place whatever its strides
+//! of the right operand (see [`crate::cpu::simd::microkernel`]): A is read in place whatever its strides
 //! (Pᵀ and dSᵀ are transposed views of the score tile), and the right operands are kept
 //! 16-wide: the block's `αKᵀ`, `Vᵀ` and `αK`, zero-padded to multiples of 16 columns once per
 //! block, Q and dO packed (as f32, padded) once per (sequence, query heads) for all the key
@@ -21,7 +21,7 @@
 //! backward samples at N=1024, D=64; the whole backward went +8 to +15%, 2026-11-23). Nothing is
 //! repacked per product. Extra memory per thread: the sequence's Q and dO rows of the task's
 //! query heads, and their dQ when the thread's task has every key block (else the dQ partials
-//! of `super::backward`).
+//! of `crate::cpu::backward`).
 //!
 //! Tiles that cross the mask boundary are cut into strips of 16 rows, each multiplying only the
 //! keys it can see (rounded out to 16) and masking per element; their dV and dK are taken once
@@ -31,17 +31,17 @@
 
 use std::ops::Range;
 
-use super::SharedOut;
-use super::backward::{Inputs, Layouts};
-use super::bias_grad::{BiasGrad, TileFold};
-use super::exp::exp2_shifted_sum;
-use super::line_buf::LineBuf;
-use super::microkernel::{
+use crate::cpu::SharedOut;
+use crate::cpu::backward::bias_grad::{BiasGrad, TileFold};
+use crate::cpu::backward::{Inputs, Layouts};
+use crate::cpu::line_buf::LineBuf;
+use crate::cpu::prefetch::RowsAhead;
+use crate::cpu::score_mods::{ScoreMods, apply_score_mods_rows};
+use crate::cpu::simd::exp::exp2_shifted_sum;
+use crate::cpu::simd::microkernel::{
     PANEL, PairOffsets, PanelStrides, Write, panels_product, softmax_grad_product,
 };
-use super::prefetch::RowsAhead;
-use super::score_mods::{ScoreMods, apply_score_mods_rows};
-use super::transpose::transpose;
+use crate::cpu::simd::transpose::transpose;
 use crate::mask::Mask;
 use crate::problem::{Problem, RowLayout};
 use crate::tensor::CpuElement;

@@ -9,7 +9,7 @@
 //! range, against 3.2 for the scalar `f32::tanh` path (see the test); NaN stays NaN. A scalar
 //! `tanh` per score made the forward with softcap 8× slower than without (see BENCHMARKS.md).
 
-use super::simd::kernels;
+use crate::cpu::simd::kernels;
 
 /// Below this `|y|` the polynomial, above it the exponential.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -61,7 +61,7 @@ pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{POLY, SPLIT, scalar};
-    use crate::cpu::exp::avx512::exp2_poly_ps;
+    use crate::cpu::simd::exp::avx512::exp2_poly_ps;
 
     /// `tanh` on 16 lanes (see the module doc).
     #[inline]
@@ -92,7 +92,7 @@ pub(crate) mod avx512 {
         _mm512_mask_blend_ps(beyond, small, large)
     }
 
-    /// See [`super::softcap`].
+    /// See [`crate::cpu::simd::softcap`].
     #[target_feature(enable = "avx512f")]
     pub(crate) fn softcap(x: &mut [f32], cap: f32, mut deriv: Option<&mut [f32]>) {
         let (c, inv) = (_mm512_set1_ps(cap), _mm512_set1_ps(1.0 / cap));
@@ -119,7 +119,7 @@ pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{POLY, SPLIT, scalar};
-    use crate::cpu::exp::avx2::exp2_poly_ps;
+    use crate::cpu::simd::exp::avx2::exp2_poly_ps;
 
     /// `tanh` on 8 lanes (see the module doc).
     #[inline]
@@ -146,7 +146,7 @@ pub(crate) mod avx2 {
         _mm256_blendv_ps(small, large, beyond)
     }
 
-    /// See [`super::softcap`].
+    /// See [`crate::cpu::simd::softcap`].
     #[target_feature(enable = "avx2,fma")]
     pub(crate) fn softcap(x: &mut [f32], cap: f32, mut deriv: Option<&mut [f32]>) {
         let (c, inv) = (_mm256_set1_ps(cap), _mm256_set1_ps(1.0 / cap));

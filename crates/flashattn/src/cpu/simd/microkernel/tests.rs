@@ -1,5 +1,5 @@
 use super::*;
-use crate::cpu::exp::shift_rounding;
+use crate::cpu::simd::exp::shift_rounding;
 
 /// A, B (`W` panels, rows a little wider than 16), the strides and the panels' offsets of a
 /// `rows × k` product whose A has strides `(a_rs, a_cs)` and whose C rows are 17 apart.

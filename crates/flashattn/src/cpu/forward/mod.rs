@@ -28,26 +28,29 @@
 //! O(tile), kept by the thread from one call to the next (at most about 4 MiB: 2 MiB of tiles
 //! at head dim 512, 2 MiB of kept rows).
 
+pub(crate) mod key_rows;
+mod pieces;
+
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::decode;
-use super::exp::LANES;
-use super::key_rows::{KeyRows, KeySource, PackedKeys};
-use super::lanes::lane_max;
-use super::line_buf::LineBuf;
-use super::microkernel::{
+use super::{SharedOut, call_number, with_thread_scratch};
+use crate::cpu::decode;
+use crate::cpu::forward::key_rows::{KeyRows, KeySource, PackedKeys};
+use crate::cpu::forward::pieces::{contains, merged, pieces};
+use crate::cpu::line_buf::LineBuf;
+use crate::cpu::online_softmax::PanelSoftmax;
+use crate::cpu::planning::query_blocks::{block_cost, query_blocks};
+use crate::cpu::planning::schedule::for_each_in_runs;
+use crate::cpu::planning::tile_config::{ForwardTiles, MAX_BLOCK_Q, forward_tiles, l2_bytes};
+use crate::cpu::profile::{Section, TaskClock};
+use crate::cpu::score_mods::{ScoreMods, apply_mask, apply_score_mods};
+use crate::cpu::simd::exp::LANES;
+use crate::cpu::simd::lanes::lane_max;
+use crate::cpu::simd::microkernel::{
     NO_MAX, PairOffsets, PanelStrides, Write, join_max, panels_product, softmax_product,
 };
-use super::online_softmax::PanelSoftmax;
-use super::pieces::{contains, merged, pieces};
-use super::profile::{Section, TaskClock};
-use super::query_blocks::{block_cost, query_blocks};
-use super::schedule::for_each_in_runs;
-use super::score_mods::{ScoreMods, apply_mask, apply_score_mods};
-use super::tile_config::{ForwardTiles, MAX_BLOCK_Q, forward_tiles, l2_bytes};
-use super::transpose::transpose_scaled;
-use super::{SharedOut, call_number, with_thread_scratch};
+use crate::cpu::simd::transpose::transpose_scaled;
 use crate::mask::Mask;
 use crate::problem::{Problem, RowLayout};
 use crate::tensor::CpuElement;
