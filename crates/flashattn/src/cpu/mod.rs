@@ -309,8 +309,8 @@ fn backward_run<T: CpuElement>(
 
 /// A tensor's buffer for outputs whose kernels write every element once (only write:
 /// [`SharedOut`] never reads): allocated but not written, so the call spares the pass that
-/// filling it first would take and, for large buffers, a round through the thread pool (causal
-/// forward at N=128 1.2-1.4x faster, N=256 1.1x; f32, B=1, H=8, D=64, 2026-11-23). Filled with NaN
+/// filling it first would take and, for large buffers, a round through the thread pool (a
+/// short causal forward 1.1–1.4× faster; see BENCHMARKS.md). Filled with NaN
 /// when poisoning is on ([`crate::set_poison_outputs`], for tests), as on the GPU.
 struct Unwritten<T> {
     /// Room for the elements ([`host_buf::allocate`]: aligned, huge pages when large), empty

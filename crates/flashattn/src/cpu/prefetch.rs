@@ -102,8 +102,7 @@ impl RowsAhead {
 
 /// How many rows ahead of the one it reads or writes a loop over strided rows asks for the next
 /// ([`RowsAhead::ahead_of`]). With rows a head apart (`[B, N, H, D]`) each row's first touch
-/// otherwise waits on memory: bf16 forward, B=1, H=8, D=64, N=1024, causal, one thread, the
-/// K and V rows converted with none → 8 rows ahead: 5365–5470 → 5256–5400 µs (2026-11-24).
+/// otherwise waits on memory (see BENCHMARKS.md).
 pub(crate) const ROWS_AHEAD: usize = 8;
 
 /// Bytes one prefetch brings in (a cache line).

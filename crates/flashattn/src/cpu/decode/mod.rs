@@ -30,14 +30,8 @@
 //! scores. Value dims that are not a multiple of 16 are padded: `O`'s rows are whole vectors,
 //! and V's block is copied into such rows.
 //!
-//! Measured against the panels with a group's heads as lanes (2-core Zen 5 VM, 2 threads, f32,
-//! one query, D=128, fastest of 10 calls, interleaved runs; `docs/benchmarks-journal.md`,
-//! seventeenth session): 32 query heads on 8 key/value heads, 32768 keys, K/V `[B, N, H, D]`
-//! 17.3–17.7 → 8.6 ms and `[B, H, N, D]` 13.6–14.0 → 7.2–7.4 ms; 32 heads without grouping, 4096
-//! keys, 8.0–8.1 → 3.6–3.7 ms and 8.1 → 2.8–2.9 ms; 8 heads on one, 32768 keys, 2.4–2.6 →
-//! 1.1–1.5 ms. The AVX2 kernels against the panels at that level (`FLASHATTN_CPU_SIMD=avx2`, same
-//! machine, 32 heads on 8, 32768 keys, fastest of 20; the journal's eighteenth session): f32
-//! 12.2–12.4 → 9.4–10.7 ms, bf16 16.7–17.2 → 5.3–5.5 ms, f16 15.7–18.3 → 5.5–5.8 ms.
+//! The in-place kernels run a decoding step about twice as fast as the panel microkernel with
+//! a group's heads as lanes, and three times as fast on f16/bf16 rows (see BENCHMARKS.md).
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;

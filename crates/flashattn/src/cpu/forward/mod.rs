@@ -150,9 +150,8 @@ pub(crate) fn run<T: CpuElement>(
     // Longest first: with causal or windowed masks the tasks differ in size, and a long task
     // started last would leave the other threads idle. With many tasks a thread, longest first
     // within each (sequence, head) instead, so that a thread's run of tasks finds its head's K
-    // and V in its L2 rather than in memory (B=4, H=8, D=64, N=1024 causal, inputs beyond the
-    // L3: 304-316 -> 345-356 GFLOP/s on 2 threads, 140-152 -> 163-173 on one; B=1 within
-    // noise; 2026-11-23).
+    // and V in its L2 rather than in memory (12–15% where the inputs pass the L3; see
+    // BENCHMARKS.md).
     tasks.sort_by_key(|t| {
         let head = if by_head { (t.b, t.h) } else { (0, 0) };
         (head, std::cmp::Reverse(t.cost))
@@ -188,12 +187,8 @@ pub(crate) fn run<T: CpuElement>(
 }
 
 thread_local! {
-    /// Each thread's tile buffers, kept from call to call. Allocated per rayon job instead
-    /// (about 16 jobs a call at N=1024, each allocating and zeroing some 100 KiB), they cost
-    /// 1-5%: f32, B=1, H=8, D=64, 2 threads, `flashattn bench` GFLOP/s over five interleaved
-    /// rounds, per job → per thread: full N=128 309-360 → 361-383, N=256 410-421 → 416-433,
-    /// N=1024 428-444 → 438-450; causal N=256 302-327 → 296-340, N=1024 408-420 → 414-427
-    /// (2026-11-23).
+    /// Each thread's tile buffers, kept from call to call: allocated and zeroed per rayon job
+    /// instead, they cost 1–5% (see BENCHMARKS.md).
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 

@@ -37,14 +37,8 @@ const EIGHTHS: f32 = 1_572_864.0;
 /// those), and `m` shifted up by 20 adds `n` to its exponent field (with `j << 20`, which the
 /// table holds already subtracted). The cubic for `2^f` takes four instructions of the FMA
 /// pipes where the portable path's degree-6 polynomial on `[−½, ½]` takes seven, and its
-/// dependency chain is shorter: on a 2-core Zen 1 VM (AVX2 on 128-bit units, 2026-11-28), where
-/// the exponentials' pass was bound by that chain, a 256×16 panel in L1 took 6.8 ns a vector
-/// with the degree-6 polynomial, 5.3–5.4 with the table and cubic (an even-odd evaluation of
-/// the cubic, 5.6, was slower), and less with more rows a step (see [`exp2_shifted_panel`]).
-/// Two rows a step, forward f32, B=1, H=8, D=64, N=1024, 2 threads, three interleaved runs,
-/// GFLOP/s before → after: full 63.4–64.9 → 65.1–66.3, causal 57.7–61.0 → 61.2–62.7; backward
-/// full 65.7–66.9 → 66.8–68.8, causal 61.8–63.5 → 62.5–64.8. Worst relative error over the
-/// whole range 1.6e-7 (the degree-6 polynomial: 8.0e-8). Inputs below −127 give 0 (−∞
+/// dependency chain is shorter (a pass 20% faster a vector; see BENCHMARKS.md). Worst relative
+/// error over the whole range 1.6e-7 (the degree-6 polynomial: 8.0e-8). Inputs below −127 give 0 (−∞
 /// included), results below 2^−126 may be subnormal or 0; inputs above +127 are clamped.
 /// `CAP_ABOVE = false` skips the upper clamp, for arguments known to be ≤ 0. NaN gives NaN:
 /// the clamps take `x` as their second operand, which `vmaxps`/`vminps` return for NaN.
@@ -67,10 +61,7 @@ fn exp2_ps<const CAP_ABOVE: bool>(x: __m256) -> __m256 {
 /// exact difference. Inputs below `s − 127` give 0.
 ///
 /// One vector instruction fewer than subtracting: the softmax keeps its running maxima on the
-/// grid (`online_softmax`) so that its passes take this route. On a 2-core Zen 1 VM
-/// (2026-11-29), a 512×16 panel in L1, copied in and passed over: 6.1–6.4 → 5.9–6.0 ns a
-/// vector; forward f32, B=1, H=8, D=64, N=1024, 2 threads, median over 8 interleaved rounds of
-/// the rate over the subtracting pass's: full 1.003, causal 1.006.
+/// grid (`online_softmax`) so that its passes take this route.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn exp2_shifted_ps(x: __m256, s: Shift) -> __m256 {
@@ -136,12 +127,8 @@ pub(in crate::cpu) fn exp2_poly_ps(x: __m256) -> __m256 {
 }
 
 /// See [`super::exp2_shifted_panel`]. Four rows a step: eight independent exponentials in
-/// flight hide more of each one's dependency chain (a 256×16 panel in L1 on a Zen 1 core, ns a
-/// vector: one row a step 5.3–5.4, two 5.1, four 4.8–4.9 where two measured 5.7 in the same
-/// minutes, eight 5.6–5.8; each step's vectors added into the sums one by one rather than in
-/// pairs, 6.3). The forward and backward at N=1024 (f32, B=1, H=8, D=64, three interleaved
-/// runs against two rows a step) moved within the noise: forward full 64.3–65.6 → 65.5–66.2
-/// GFLOP/s, the rest ±2.
+/// flight hide more of each one's dependency chain (the fastest of 1, 2, 4 and 8 rows a step
+/// on a panel in L1; see BENCHMARKS.md).
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; LANES] {
     // SAFETY: `shift` holds 16 f32, read as two unaligned 8-lane vectors.
@@ -213,7 +200,7 @@ fn shifted_vectors<const V: usize, const CAP_ABOVE: bool, const FOLD: bool>(
 
 /// Adds a step's vectors `e` (2 or 8) to `sums`: the even ones to the first, the odd ones to
 /// the second, in pairs (a shorter chain than one running sum: with eight vectors a step, a
-/// running sum took the panel pass from 5.0 to 6.3 ns a vector).
+/// running sum made the panel pass 25% slower).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn add_step<const V: usize>(sums: &mut [__m256; 2], e: [__m256; V]) {

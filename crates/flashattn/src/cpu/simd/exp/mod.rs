@@ -13,14 +13,11 @@
 //! AVX-512 has a cheaper route to nearly the same accuracy (see `avx512`): a table of
 //! `2^(k/32)` in two registers, a quadratic on `[−1/64, 1/64]` and `vscalefps`, so that only
 //! three of its instructions use the FMA pipes. The forward runs it inside the `Vᵀ·Pᵀ` product
-//! (`microkernel::softmax_product`), where its share of a 1-thread forward (N=1024, D=64) is
-//! about 4% of the samples, down from 6.6% for a separate pass of the earlier 16-entry table
-//! and cubic (2026-11-23). Worst relative error over the whole range 2.1e-7. AVX2 takes a
-//! table too (see `avx2`): 8 entries in one register and a cubic, worst relative error 1.6e-7.
-//! Inputs below −126 give 0 rather than a subnormal: on Intel cores a subnormal result costs a
-//! microcode assist, which the masked scores of every causal block paid (f32, B=1, H=8, D=64,
-//! N=1024, 2 threads, Xeon with AVX-512 (2026-11-25): causal forward 301 → 325 GFLOP/s,
-//! backward 304 → 322, full unchanged).
+//! (`microkernel::softmax_product`), where it takes about 4% of a forward. Worst relative
+//! error over the whole range 2.1e-7. AVX2 takes a table too (see `avx2`): 8 entries in one
+//! register and a cubic, worst relative error 1.6e-7. Inputs below −126 give 0 rather than a
+//! subnormal: on Intel cores a subnormal result costs a microcode assist, which the masked
+//! scores of every causal block paid (8% of a causal call; see BENCHMARKS.md).
 
 use crate::cpu::simd::kernels;
 

@@ -13,21 +13,17 @@
 //! multiply the same `A` by two panels at once (two `B`s and two `C`s, each a fixed offset from
 //! the first), so each broadcast of `A` feeds two FMAs.
 //!
-//! Kernels, by [`cpu_simd`] level (single-core rates of a 256×64 by 64×16 product with
-//! everything in cache, Zen 5 at about 4.1 GHz, 2026-11-23; FMA peak 261 GFLOP/s with AVX-512,
-//! 130 with AVX2):
+//! Kernels, by level (their cache-hot rates against the FMA peak are in BENCHMARKS.md):
 //!
-//! | level    | register block (rows × panels) | GFLOP/s |
-//! |----------|--------------------------------|---------|
-//! | avx512   | 12 × 2 (pairs)                 | 258     |
-//! | avx512   | 24 × 1                         | 237     |
-//! | avx512   | 16 × 1                         | 217     |
-//! | avx2     | 6 × 1 (two 8-lane halves)      | 122–126 |
-//! | portable | plain Rust                     | —       |
+//! | level    | register block (rows × panels) |
+//! |----------|--------------------------------|
+//! | avx512   | 12 × 2 (pairs), 24 × 1         |
+//! | avx2     | 6 × 1 (two 8-lane halves)      |
+//! | portable | plain Rust                     |
 //!
 //! The pair's 24 accumulators need 14 loads per 24 FMAs (two `B` rows, twelve broadcasts); a
-//! single panel's 24 need 25, which is what holds it back. Without AVX-512 a pair is two
-//! single-panel products.
+//! single panel's 24 need 25, which is what holds it back (the pair ran at 99% of the peak,
+//! 24 × 1 at 91%). Without AVX-512 a pair is two single-panel products.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;

@@ -4,17 +4,13 @@
 //! product, then that function over the stored rows.
 //!
 //! As a pass of its own over the stored `dP` (load it and P, store `dS`), it waited on its
-//! stores: in a two-thread profile of the f32 backward (B=1, H=8, D=64, N=1024, Zen 4 VM,
-//! 2026-11-25) that pass took 1.5% of a full call and 2.7% of a causal one, three quarters of
-//! it on the store. Fused, the whole backward ran 1.012–1.015× (full) and 1.018–1.019×
-//! (causal) as fast (median of 21 interleaved rounds, two runs each).
+//! stores; fused, the backward runs 1–2% faster (see BENCHMARKS.md).
 //!
 //! The epilogue is compiled into kernels of its own (the kernels' `GRAD`). With a run-time
 //! choice in every kernel's store instead (this epilogue and an exponential one, `P = 2^(S −
 //! lse)`, side by side), the plain kernels kept the epilogues' constants in registers and the
-//! forward ran at less than half its rate. The exponential epilogue, compiled apart or run out
-//! of line on each block's rows, gained nothing over the backward's separate exp pass (causal
-//! 0.837–1.017×, full 0.807–1.016×) and was dropped.
+//! forward ran at less than half its rate. An exponential epilogue, compiled apart or run out
+//! of line on each block's rows, gained nothing over the backward's separate exp pass.
 
 use super::Write;
 use super::{Block, GradRows, PANEL, PairOffsets, PanelStrides, check_ab, check_c, product};

@@ -5,15 +5,9 @@
 //! With AVX-512 the first register block computes each row of `Pᵀ` just before it multiplies
 //! it, and stores it for the other blocks: the exponentials' rounding, table lookup and scaling
 //! run beside the FMAs instead of in a pass of their own. Other levels run the exp pass first,
-//! then the plain product.
-//!
-//! Measured on the 2-core Zen 5 VM (2026-11-23; 1-thread profiles of the forward at N=1024,
-//! D=64, and interleaved A/B runs of the 2-thread forward as % of the AVX-512 sgemm rate): the
-//! fused block with the exponentials of row `l` computed just before its FMAs saved nothing
-//! (their ~35-cycle dependency chain stalled the FMAs; the exp's cost, 6.5% of the samples,
-//! was the separate pass's); computing row `l + 4` or `l + 8` while row `l` is multiplied cut
-//! it to 4.2%, and the exp with fewer FMA-pipe instructions (see `exp::avx512`) to 3.9%.
-//! Forward +1 to +2.5 points at N=1024 and 4096, causal and not.
+//! then the plain product. The fused block computes row `l + 8` while it multiplies row `l`:
+//! the exponential's long dependency chain would otherwise stall the FMAs (see BENCHMARKS.md
+//! for what the fusion saves).
 
 use super::Write;
 use super::{Block, ColMax, PANEL, PairOffsets, PanelStrides, check_ab, check_c, product};
