@@ -57,7 +57,7 @@ pub(crate) mod avx512 {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::cpu::simd::{Kernels, Simd};
 
     #[test]
     fn dot_matches_f64_sums() {
@@ -70,11 +70,13 @@ mod tests {
                 .zip(&g)
                 .map(|(&a, &b)| (a as f64 * b as f64).abs())
                 .sum();
-            let got = dot(&p, &g) as f64;
-            assert!(
-                (got - want).abs() <= 1e-6 * norm.max(1.0),
-                "n {n}: {got} vs {want}"
-            );
+            for level in Simd::available() {
+                let got = (Kernels::of(level).dot)(&p, &g) as f64;
+                assert!(
+                    (got - want).abs() <= 1e-6 * norm.max(1.0),
+                    "{level} n {n}: {got} vs {want}"
+                );
+            }
         }
     }
 }
