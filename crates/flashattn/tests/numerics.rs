@@ -1,10 +1,10 @@
-//! Numerical edge cases: rows that see no key, huge logits, and empty problems.
+//! Numerical edge cases: rows that see no key, NaN inputs, huge logits, and empty problems.
 
 mod common;
 
 use common::{Case, F32_TOL, Layout, forward_errors, rel, rng, tolerance, values};
 use flashattn::reference::{oracle, standard};
-use flashattn::{AttentionParams, DType, Tensor, backward, forward};
+use flashattn::{AttentionParams, DType, Simd, Tensor, backward, cpu_simd, forward};
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
@@ -248,4 +248,137 @@ fn zero_length_problems() {
     empty_problem(&[3, 1, 8], &[0, 1, 8], p().varlen(vec![0, 3], vec![0, 0]));
     let bias = Tensor::from_vec(Vec::<f32>::new(), &[2, 1, 0, 5]).unwrap();
     empty_problem(&[2, 0, 2, 8], &[2, 5, 1, 8], p().bias(bias));
+}
+
+/// `t` with element `at` (of its contiguous storage) replaced by NaN.
+fn with_nan(t: &Tensor, at: usize) -> Tensor {
+    let mut x = t.to_f32_vec().unwrap();
+    x[at] = f32::NAN;
+    Tensor::from_vec(x, t.shape())
+        .unwrap()
+        .to_dtype(t.dtype())
+        .unwrap()
+}
+
+/// Which input gets the NaN.
+#[derive(Clone, Copy, Debug)]
+enum NanIn {
+    Q,
+    K,
+    V,
+}
+
+/// One NaN in q, k or v (of head 1, or of key/value head 0, at query or key `pos`): the rows
+/// whose scores it reaches get NaN output and NaN log-sum-exp (a NaN in v: NaN in its column
+/// of the output, a finite log-sum-exp); rows it does not reach stay finite, rows that see no
+/// key stay 0 and −∞; the backward keeps NaN where it went in.
+fn check_nan(case: &Case, seed: u64, which: NanIn, pos: usize) {
+    let x = case.inputs(&mut rng(seed));
+    let (nq, nk, h, hk, d, dv) = (case.nq, case.nk, case.heads, case.heads_kv, case.d, case.dv);
+    assert_eq!((case.batch, case.layout), (1, Layout::Bnhd));
+    // Which query rows see key j (bottom-right causal alignment, or every key).
+    let shift = nk as isize - nq as isize;
+    let causal = case.window.right == Some(0);
+    let sees = |i: usize, j: usize| !causal || j as isize <= i as isize + shift;
+    let sees_any = |i: usize| !causal || i as isize + shift >= 0;
+    let (q, k, v) = match which {
+        NanIn::Q => (
+            with_nan(&x.q, (pos * h + 1) * d + 3),
+            x.k.clone(),
+            x.v.clone(),
+        ),
+        NanIn::K => (x.q.clone(), with_nan(&x.k, pos * hk * d + 2), x.v.clone()),
+        NanIn::V => (x.q.clone(), x.k.clone(), with_nan(&x.v, pos * hk * dv + 1)),
+    };
+    let f = forward(&q, &k, &v, &x.p).unwrap();
+    let out = f.out.to_f64_vec().unwrap();
+    let lse = f.lse.to_f64_vec().unwrap();
+    let what = format!("{which:?} at {pos}, {} {:?}", case.dtype, case.window);
+    for i in 0..nq {
+        for head in 0..h {
+            let row = &out[(i * h + head) * dv..][..dv];
+            let l = lse[head * nq + i];
+            // Query heads of key/value head 0 (the first h / hk).
+            let group0 = head < h / hk;
+            let reached = match which {
+                NanIn::Q => i == pos && head == 1,
+                NanIn::K | NanIn::V => group0 && sees(i, pos),
+            };
+            let at = format!("{what}: row {i} head {head}");
+            if !sees_any(i) {
+                assert!(row.iter().all(|&o| o == 0.0), "{at}: {row:?}");
+                assert_eq!(l, f64::NEG_INFINITY, "{at}");
+            } else if !reached {
+                // A NaN in V also reaches a query's row through a probability of 0 where the
+                // product `P·V` covers its key for other queries (0 · NaN), as in every peer.
+                if !matches!(which, NanIn::V) {
+                    assert!(row.iter().all(|o| o.is_finite()), "{at}: {row:?}");
+                }
+                assert!(l.is_finite(), "{at}: lse {l}");
+            } else if let NanIn::V = which {
+                assert!(row[1].is_nan(), "{at}: {row:?}");
+                assert!(l.is_finite(), "{at}: lse {l}");
+            } else {
+                assert!(row.iter().all(|o| o.is_nan()), "{at}: {row:?}");
+                assert!(l.is_nan(), "{at}: lse {l}");
+            }
+        }
+    }
+    let g = backward(&q, &k, &v, &f.out, &f.lse, &x.dout, &x.p).unwrap();
+    // dV = Pᵀ·dO does not read V.
+    let grads = [("dq", &g.dq), ("dk", &g.dk), ("dv", &g.dv)];
+    let reached = if let NanIn::V = which { 2 } else { 3 };
+    for (name, t) in &grads[..reached] {
+        let t = t.to_f64_vec().unwrap();
+        assert!(t.iter().any(|x| x.is_nan()), "{what}: {name} holds no NaN");
+    }
+}
+
+/// A NaN in q, k or v propagates to the output and log-sum-exp it reaches, in the tile path
+/// and the decoding path, for every dtype, at the level this process runs (CI runs this file
+/// at each lower level too; [`nan_propagates_at_every_level_this_cpu_has`] does here).
+#[test]
+fn nan_inputs_propagate() {
+    println!("level {}", cpu_simd());
+    for (n, &dtype) in DTYPES.iter().enumerate() {
+        let seed = 180 + 10 * n as u64;
+        // Tiles, with a query block and key block boundary inside; causal with 5 queries that
+        // see no key.
+        let full = Case::new(70, 90, 16).heads(2, 1).dtype(dtype);
+        let causal = Case::new(45, 40, 16).heads(4, 2).dtype(dtype).causal();
+        // Per input, the row of the NaN; V's in the causal case is a key that queries which
+        // see no key meet in their panel's product.
+        for (case, rows) in [(&full, [40, 33, 33]), (&causal, [27, 20, 3])] {
+            for (which, pos) in [NanIn::Q, NanIn::K, NanIn::V].into_iter().zip(rows) {
+                check_nan(case, seed, which, pos);
+            }
+        }
+        // A decoding step (one query), its keys split in runs.
+        let decode = Case::new(1, 3000, 64).heads(4, 2).dtype(dtype);
+        for which in [NanIn::Q, NanIn::K, NanIn::V] {
+            let pos = if let NanIn::Q = which { 0 } else { 2100 };
+            check_nan(&decode, seed + 1, which, pos);
+        }
+    }
+}
+
+/// Runs [`nan_inputs_propagate`] again in a child process at each lower level this CPU has,
+/// so that a plain `cargo test` checks every level's kernels.
+#[test]
+fn nan_propagates_at_every_level_this_cpu_has() {
+    if std::env::var_os("FLASHATTN_CPU_SIMD").is_some() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    for level in [Simd::Portable, Simd::Avx2] {
+        if level >= cpu_simd() {
+            continue;
+        }
+        let status = std::process::Command::new(&exe)
+            .args(["--exact", "nan_inputs_propagate", "--test-threads", "1"])
+            .env("FLASHATTN_CPU_SIMD", level.name())
+            .status()
+            .unwrap();
+        assert!(status.success(), "NaN test at level {level}");
+    }
 }

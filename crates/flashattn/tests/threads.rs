@@ -1,6 +1,6 @@
 //! Calls from several threads at once, from outside the rayon pool and from inside one of the
-//! same size, give the same bits as each call made alone: a call runs on its caller's thread
-//! and whichever pool threads join it, so concurrent calls share the pool's threads.
+//! same size, give the same bits as each call made alone: a call's tasks run on the rayon
+//! pool, so concurrent calls share the pool's threads.
 
 mod common;
 

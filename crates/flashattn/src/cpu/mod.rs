@@ -1,36 +1,17 @@
 //! The CPU backend: tiled FlashAttention forward and backward, parallel with rayon.
 
 mod backward;
-mod backward_block;
-mod backward_split;
-mod bias_grad;
 pub(crate) mod convert;
 mod decode;
-mod elementwise;
-// Tile products and exp2 kernels shared by the forward and backward (until both use every
-// item, some are unused in a given build).
-#[allow(dead_code)]
-mod exp;
 mod forward;
-mod key_rows;
-mod lanes;
 pub(crate) mod line_buf;
-#[allow(dead_code)]
-mod matmul;
-mod microkernel;
 mod online_softmax;
-mod pieces;
+mod planning;
 mod prefetch;
 pub(crate) mod profile;
-mod query_blocks;
-mod schedule;
 mod score_mods;
 mod shared_out;
 mod simd;
-mod softcap;
-mod threads;
-mod tile_config;
-mod transpose;
 
 use std::cell::RefCell;
 use std::mem::MaybeUninit;
@@ -48,11 +29,12 @@ use crate::outputs::{ForwardOutput, Gradients, poison_outputs};
 use crate::problem::{Problem, RowLayout, row_layout, strides_like};
 use crate::tensor::{CpuStorage, Tensor, contiguous_strides};
 
-/// The vectorized row exp, also used by the standard attention baseline (one exp for both).
 pub(crate) use convert::CpuElement;
-pub(crate) use exp::exp2_shifted_sum;
+use planning::schedule;
 pub use profile::report as forward_profile;
 pub(crate) use shared_out::SharedOut;
+/// The vectorized row exp, also used by the standard attention baseline (one exp for both).
+pub(crate) use simd::exp::exp2_shifted_sum;
 pub use simd::{Simd, cpu_simd};
 
 /// The CPU backend.
@@ -363,9 +345,9 @@ fn backward_run<T: CpuElement>(
 
 /// A tensor's buffer for outputs whose kernels write every element once (only write:
 /// [`SharedOut`] never reads): allocated but not written, so the call spares the pass that
-/// filling it first would take and, for large buffers, a round through the thread pool (the
-/// short causal forwards run markedly faster: see BENCHMARKS.md). Filled with NaN when
-/// poisoning is on (`crate::outputs::set_poison_outputs`, for tests), as on the GPU.
+/// filling it first would take and, for large buffers, a round through the thread pool (a
+/// short causal forward 1.1–1.4× faster; see BENCHMARKS.md). Filled with NaN
+/// when poisoning is on ([`crate::outputs::set_poison_outputs`], for tests), as on the GPU.
 struct Unwritten<T> {
     /// Room for the elements ([`host_buf::allocate`]: aligned, huge pages when large), empty
     /// until [`Self::written`].

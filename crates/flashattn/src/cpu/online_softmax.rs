@@ -12,9 +12,13 @@
 //! Edge case, a query with no visible key yet: its maximum is −∞, and `s − m` would be
 //! `−∞ − (−∞) = NaN`. Such a lane is shifted by 0 instead, so its (masked, −∞) scores become
 //! `2^−∞ = 0` and its sum stays 0; at the end it gives output 0 and log-sum-exp −∞.
+//!
+//! NaN: the maxima pass over NaN scores (`f32::max`), but the exponentials turn each into a
+//! NaN probability, so the query's sum and accumulator column become NaN and stay NaN through
+//! every rescale: its output and log-sum-exp come out NaN, as they do elsewhere.
 
-use super::exp::{LANES, exp2_shifted_panel};
-use super::lanes::{lane_lse, lane_max, scale_lanes};
+use crate::cpu::simd::exp::{LANES, exp2_shifted_panel};
+use crate::cpu::simd::lanes::{lane_lse, lane_max, scale_lanes};
 
 /// Running maximum (base 2) and sum of each query of a panel.
 #[derive(Clone, Copy, Debug)]
@@ -110,12 +114,17 @@ impl PanelSoftmax {
     }
 
     /// Each query's factor for its accumulator column, `1 / sum` (0 for a query that saw no
-    /// key), and its natural-log log-sum-exp (−∞ for such a query). The forward applies the
-    /// factors as it writes the output rows.
+    /// key, NaN for one whose sum is NaN), and its natural-log log-sum-exp (−∞ and NaN for
+    /// those). The forward applies the factors as it writes the output rows.
     pub(crate) fn finish(&self) -> ([f32; LANES], [f32; LANES]) {
-        let inv = self.sum.map(|s| if s > 0.0 { 1.0 / s } else { 0.0 });
+        let inv = self.sum.map(inverse_sum);
         (inv, lane_lse(&self.max, &self.sum))
     }
+}
+
+/// `1 / sum` of a softmax sum, 0 where no key was seen (a sum of 0); NaN stays NaN.
+pub(crate) fn inverse_sum(sum: f32) -> f32 {
+    if sum == 0.0 { 0.0 } else { 1.0 / sum }
 }
 
 /// `m` rounded up to a multiple of 1/8 (where it is not one already: any `|m| ≥ 2^20` is, and

@@ -1,33 +1,12 @@
-//! Software prefetch of strided rows into L2, for the forward's query rows before it packs them
-//! and its output rows before it writes them: rows a head apart (`[B, N, H, D]`: 2 KiB at H=8,
-//! D=64) are sixteen short streams a panel, which the hardware prefetchers do not follow, so
-//! without a hint each 16×16 transpose waits on its rows coming from L3 or memory. The decoding
-//! kernels fetch the K and V rows they read later as they go ([`RowsAhead`]), and the loops that
-//! read or write strided rows once a call (the forward's K/V packing, the backward's packing and
-//! gradient writes) a few rows ahead ([`RowsAhead::ahead_of`]).
+//! Software prefetch of strided rows into L2. The decoding kernels fetch the K and V rows they
+//! read later as they go ([`RowsAhead`]), and the loops that read or write strided rows once a
+//! call (the forward's K/V packing, the backward's packing and gradient writes) a few rows ahead
+//! ([`RowsAhead::ahead_of`]): rows a head apart (`[B, N, H, D]`: 2 KiB at H=8, D=64) are short
+//! streams that the hardware prefetchers do not follow.
 //!
 //! Every prefetch here fills L2, none L1 (the microkernels fetch their next operand values into
-//! L1 themselves, a line a step): rows 2 KiB apart fall into 8 of the L1 data cache's 64
-//! sets (its 32 KiB, 8 ways, hold 16 such rows of 256 bytes), so a 16-query panel's rows fetched
-//! into L1 a panel or two ahead evicted the rows of the panel being transposed. The forward's
-//! query and output rows fetched into L1 two panels ahead → into L2 four panels ahead, f32,
-//! B=1, H=8, D=64, `[B, N, H, D]`, median over interleaved rounds of the rate over the old one
-//! in the same round, causal / full: N=1024 two threads 1.013–1.027 / 1.007–1.017 (three
-//! runs), one thread 1.014 / 0.998; N=4096 1.010 / 1.012; B=4, N=1024 1.009 / 1.004; N=256
-//! 1.008 / 1.014 (Zen 4 VM, 2026-11-25).
-
-/// Asks for the cache lines of `rows` rows of `len` elements of the buffer of `buf_len`
-/// elements at `buf`, the first row at element `start` and each `stride` after the last, to be
-/// brought into L2, all at once; rows not wholly inside the buffer are skipped. A hint
-/// only: no result depends on it, and it does nothing on CPUs other than x86-64.
-pub(crate) fn prefetch_rows<T>(
-    buf: *const T,
-    buf_len: usize,
-    (start, stride): (usize, usize),
-    (rows, len): (usize, usize),
-) {
-    RowsAhead::raw(buf, buf_len, (start, stride), (rows, len)).fetch_from(0);
-}
+//! L1 themselves, a line a step): rows 2 KiB apart fall into 8 of the L1 data cache's 64 sets,
+//! so rows fetched into L1 ahead of their use evict the rows in use.
 
 /// Rows that a kernel asks for one at a time, each as it reads a row of its own, so that
 /// memory works on the next operand at the pace the current one is consumed: a burst of
@@ -123,8 +102,7 @@ impl RowsAhead {
 
 /// How many rows ahead of the one it reads or writes a loop over strided rows asks for the next
 /// ([`RowsAhead::ahead_of`]). With rows a head apart (`[B, N, H, D]`) each row's first touch
-/// otherwise waits on memory: bf16 forward, B=1, H=8, D=64, N=1024, causal, one thread, the
-/// K and V rows converted with none → 8 rows ahead: 5365–5470 → 5256–5400 µs (2026-11-24).
+/// otherwise waits on memory (see BENCHMARKS.md).
 pub(crate) const ROWS_AHEAD: usize = 8;
 
 /// Bytes one prefetch brings in (a cache line).

@@ -9,10 +9,10 @@ use std::ops::Range;
 use crate::mask::Mask;
 use crate::problem::{BiasLayout, Problem};
 
-use super::exp::LANES;
-use super::simd::multiversion;
-use super::softcap::softcap;
-use super::transpose::transpose;
+use crate::cpu::simd::exp::LANES;
+use crate::cpu::simd::multiversion;
+use crate::cpu::simd::softcap::softcap;
+use crate::cpu::simd::transpose::transpose;
 
 /// The score options of one (sequence, query head).
 #[derive(Clone, Copy, Debug)]

@@ -3,10 +3,10 @@
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 
-use super::prefetch::{RowsAhead, prefetch_rows};
-use super::simd::cpu_simd;
-use super::transpose::{ColScale, transpose_to};
 use crate::cpu::CpuElement;
+use crate::cpu::prefetch::RowsAhead;
+use crate::cpu::simd::cpu_simd;
+use crate::cpu::simd::transpose::{ColScale, transpose_to};
 use crate::dtype::{DType, Element};
 use crate::problem::RowLayout;
 
@@ -47,13 +47,6 @@ impl<'a, T: Copy> SharedOut<'a, T> {
         }
     }
 
-    /// Prefetches `rows` rows of `len` elements, the first at `start` and each `stride` after
-    /// the last, before a task writes them (see [`prefetch_rows`]).
-    pub(crate) fn prefetch_rows(&self, (start, stride): (usize, usize), rows: usize, len: usize) {
-        let at = (start, stride);
-        prefetch_rows(self.ptr.cast_const(), self.len, at, (rows, len));
-    }
-
     /// For a loop that writes `rows` rows of `len` elements, the first at `start` and each
     /// `stride` after the last: the rows a few on from the one it writes (see
     /// [`RowsAhead::ahead_of`]).
@@ -90,8 +83,7 @@ impl<T: CpuElement> SharedOut<'_, T> {
     /// Writes `src · factor` as `T` at `start..start + src.len()`. f16 and bf16 are narrowed by
     /// [`CpuElement::narrow_into`] (vector conversions a row at a time), straight into
     /// the row when `factor` is 1, else a chunk at a time: one conversion call per element,
-    /// each with its run-time F16C check, took about 4% of an f16 forward (one thread, B=1,
-    /// H=8, D=64, N=1024, `perf`, 2026-11-23).
+    /// each with its run-time F16C check, took about 4% of an f16 forward.
     ///
     /// # Safety
     /// No other task may read or write these indices during the parallel region.

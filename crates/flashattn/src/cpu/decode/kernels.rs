@@ -8,21 +8,20 @@ use super::BLOCK;
 use super::{avx2, avx512};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::CpuElement;
-use crate::cpu::exp::LANES;
-use crate::cpu::key_rows::KeyRows;
-use crate::cpu::matmul::Write;
-use crate::cpu::microkernel::{HighLanes, PairOffsets, PanelStrides, panels_product};
+use crate::cpu::forward::key_rows::KeyRows;
 use crate::cpu::prefetch::RowsAhead;
+use crate::cpu::simd::exp::LANES;
 #[cfg(target_arch = "x86_64")]
-use crate::cpu::simd::{Simd, cpu_simd};
-use crate::cpu::transpose::transpose;
+use crate::cpu::simd::kernels;
+use crate::cpu::simd::microkernel::{PairOffsets, PanelStrides, Write, panels_product};
+use crate::cpu::simd::transpose::transpose;
 #[cfg(target_arch = "x86_64")]
 use half::{bf16, f16};
 
 /// Which kernels a decoding step's blocks run on x86-64 (elsewhere: the panels).
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Level {
+pub(crate) enum Level {
     /// [`avx512`], rows in place.
     Avx512,
     /// [`avx2`], rows in place (F16C too).
@@ -31,14 +30,10 @@ pub(super) enum Level {
     Panels,
 }
 
-/// The kernels for this CPU's SIMD level ([`cpu_simd`]).
+/// The kernels of this CPU's SIMD level (from its [`kernels`] table).
 #[cfg(target_arch = "x86_64")]
 pub(super) fn level() -> Level {
-    match cpu_simd() {
-        Simd::Avx512 => Level::Avx512,
-        Simd::Avx2 if std::arch::is_x86_feature_detected!("f16c") => Level::Avx2,
-        _ => Level::Panels,
-    }
+    kernels().decode
 }
 
 /// An element type the in-place kernels of both levels read.
@@ -122,7 +117,6 @@ pub(super) fn scores_panels(
                 c: LANES,
             }),
             Write::Overwrite,
-            HighLanes::NONE,
         );
     }
 }
@@ -159,7 +153,6 @@ pub(super) fn values_panels(
             },
             (c + 1 < dv / LANES).then_some(PairOffsets { b: LANES, c: LANES }),
             Write::Accumulate,
-            HighLanes::NONE,
         );
     }
     ahead.fetch_from(n);

@@ -30,14 +30,8 @@
 //! scores. Value dims that are not a multiple of 16 are padded: `O`'s rows are whole vectors,
 //! and V's block is copied into such rows.
 //!
-//! Measured against the panels with a group's heads as lanes (2-core Zen 5 VM, 2 threads, f32,
-//! one query, D=128, fastest of 10 calls, interleaved runs; `docs/benchmarks-journal.md`,
-//! seventeenth session): 32 query heads on 8 key/value heads, 32768 keys, K/V `[B, N, H, D]`
-//! 17.3–17.7 → 8.6 ms and `[B, H, N, D]` 13.6–14.0 → 7.2–7.4 ms; 32 heads without grouping, 4096
-//! keys, 8.0–8.1 → 3.6–3.7 ms and 8.1 → 2.8–2.9 ms; 8 heads on one, 32768 keys, 2.4–2.6 →
-//! 1.1–1.5 ms. The AVX2 kernels against the panels at that level (`FLASHATTN_CPU_SIMD=avx2`, same
-//! machine, 32 heads on 8, 32768 keys, fastest of 20; the journal's eighteenth session): f32
-//! 12.2–12.4 → 9.4–10.7 ms, bf16 16.7–17.2 → 5.3–5.5 ms, f16 15.7–18.3 → 5.5–5.8 ms.
+//! The in-place kernels run a decoding step about twice as fast as the panel microkernel with
+//! a group's heads as lanes, and three times as fast on f16/bf16 rows (see BENCHMARKS.md).
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -46,15 +40,19 @@ mod avx512;
 mod kernels;
 mod step;
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) use kernels::Level;
+
 use std::cell::RefCell;
 use std::ops::Range;
 
-use crate::cpu::schedule::for_each_queued;
+use crate::cpu::planning::schedule::for_each_queued;
 
 use crate::cpu::CpuElement;
-use crate::cpu::exp::{LANES, exp2};
 use crate::cpu::forward::Inputs;
-use crate::cpu::lanes::lane_lse;
+use crate::cpu::online_softmax::inverse_sum;
+use crate::cpu::simd::exp::{LANES, exp2};
+use crate::cpu::simd::lanes::lane_lse;
 use crate::cpu::{SharedOut, with_thread_scratch};
 use crate::problem::Problem;
 use step::{Scratch, Step};
@@ -205,7 +203,8 @@ fn combine<T: CpuElement>(
         o.fill(0.0);
         for run in runs {
             let (m, s) = head(run);
-            if m == f32::NEG_INFINITY {
+            // A run that saw no key (a NaN sum goes on, and makes the head's NaN).
+            if s == 0.0 {
                 continue;
             }
             let f = exp2(m - max);
@@ -219,7 +218,8 @@ fn combine<T: CpuElement>(
 }
 
 /// Writes head `h` of sequence `b`: its output row (`o` divided by `sum`; 0 where no key was
-/// seen) and its log-sum-exp from the base-2 `max` and `sum`.
+/// seen, even where `o` took 0 · NaN from a NaN in V) and its log-sum-exp from the base-2
+/// `max` and `sum`.
 fn write_head<T: CpuElement>(
     p: &Problem,
     (out, lse): (&SharedOut<'_, T>, &SharedOut<'_, f32>),
@@ -229,7 +229,14 @@ fn write_head<T: CpuElement>(
 ) {
     let (mut m16, mut s16) = ([f32::NEG_INFINITY; LANES], [0f32; LANES]);
     (m16[0], s16[0]) = (max, sum);
-    let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+    let inv = inverse_sum(sum);
+    let zeros;
+    let o = if sum == 0.0 {
+        zeros = vec![0f32; o.len()];
+        &zeros
+    } else {
+        o
+    };
     // SAFETY: out[b, 0, h, ..] and lse[b, h, 0] belong to the caller's task alone (a task's
     // heads, or a split group's combination).
     unsafe {

@@ -9,15 +9,15 @@ use super::kernels::{scores_panels, values_panels};
 use super::{BLOCK, write_head};
 use crate::cpu::CpuElement;
 use crate::cpu::SharedOut;
-use crate::cpu::exp::{LANES, exp2_shifted_sum};
 use crate::cpu::forward::Inputs;
-use crate::cpu::key_rows::{KeyRows, KeySource, PackedKeys};
-use crate::cpu::lanes::lane_max;
+use crate::cpu::forward::key_rows::{KeyRows, KeySource, PackedKeys};
 use crate::cpu::line_buf::LineBuf;
 use crate::cpu::online_softmax::PanelSoftmax;
 use crate::cpu::prefetch::RowsAhead;
 use crate::cpu::score_mods::sub_alibi;
-use crate::cpu::softcap::softcap;
+use crate::cpu::simd::exp::{LANES, exp2_shifted_sum};
+use crate::cpu::simd::lanes::lane_max;
+use crate::cpu::simd::softcap::softcap;
 #[cfg(target_arch = "x86_64")]
 use crate::dtype::DType;
 use crate::problem::Problem;
@@ -25,12 +25,8 @@ use crate::problem::Problem;
 use half::{bf16, f16};
 
 /// How many (block, group) passes ahead of its own rows the kernels fetch K and V rows into
-/// L2, one row for each row they read. Measured on the 2-core Zen 5 VM (f32 and bf16,
-/// 32 query heads on 8 key/value heads, D=128, 32768 keys `[B, N, H, D]`, fastest of 30 calls,
-/// 1 and 2 threads, ms), against the whole next block asked for at once at the start of each
-/// block (before): f32 16.7 and 8.6 → 1 pass ahead 13.6 and 8.4, 2 passes 13.3 and 8.7, 3
-/// passes 13.5 and 8.8; bf16 14.2 and 7.2 → 9.5 and 4.9, 7.3 and 4.0, 7.3 and 4.1
-/// (2026-11-24).
+/// L2, one row for each row they read: faster than the whole next block at once, and 2 passes
+/// the best of 1 to 3 (see BENCHMARKS.md).
 const PASSES_AHEAD: usize = 2;
 
 /// A thread's buffers for decoding steps, kept from call to call.

@@ -19,7 +19,7 @@
 use std::arch::x86_64::*;
 
 use super::{Block, ColMax, GradRows, PANEL};
-use crate::cpu::exp::avx512::exp2_ps;
+use crate::cpu::simd::exp::avx512::exp2_ps;
 
 /// A run of `blocks` register blocks of the same height, one after the other; C, A and B
 /// point at the first block's first row.
@@ -66,13 +66,55 @@ macro_rules! store {
     }};
 }
 
+/// See [`super::PanelKernels::product`]: [`product`] on one panel or a pair.
+///
+/// # Safety
+/// As for [`product`], on `col_max.len()` panels (1 or 2).
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn product_any(x: Block, rows: usize, col_max: &mut [ColMax]) {
+    let panels = "a product takes one panel or two";
+    // SAFETY: the caller's contract.
+    unsafe {
+        match col_max.len() {
+            1 => product::<1>(x, rows, col_max.try_into().expect(panels)),
+            _ => product::<2>(x, rows, col_max.try_into().expect(panels)),
+        }
+    }
+}
+
+/// See [`super::PanelKernels::product_exp`]: [`product_exp`] on one panel or a pair.
+///
+/// # Safety
+/// As for [`product_exp`], on `sums.len()` panels (1 or 2), `shift` holding as many.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn product_exp_any(x: Block, rows: usize, shift: &[ColMax], sums: &mut [ColMax]) {
+    let panels = "a product takes one panel or two, a shift each";
+    // SAFETY: the caller's contract.
+    unsafe {
+        match sums.len() {
+            1 => product_exp::<1>(
+                x,
+                rows,
+                shift.try_into().expect(panels),
+                sums.try_into().expect(panels),
+            ),
+            _ => product_exp::<2>(
+                x,
+                rows,
+                shift.try_into().expect(panels),
+                sums.try_into().expect(panels),
+            ),
+        }
+    }
+}
+
 /// The whole product (see [`super::product`]), cut into register blocks of nearly equal size.
 ///
 /// # Safety
 /// AVX-512F must be available and the operands of `x` valid for `rows` rows on `W` panels
 /// (checked by [`super::product`]).
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn product<const W: usize>(x: Block, rows: usize, col_max: &mut [ColMax; W]) {
+unsafe fn product<const W: usize>(x: Block, rows: usize, col_max: &mut [ColMax; W]) {
     // SAFETY: the caller's contract.
     unsafe {
         match x.grad {
@@ -160,7 +202,7 @@ unsafe fn product_with<const W: usize, const GRAD: bool>(
 /// # Safety
 /// As for [`product`], with `a_rs == 1`, B writable through `x.b` and `st.b_rs == 16`.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn product_exp<const W: usize>(
+unsafe fn product_exp<const W: usize>(
     x: Block,
     rows: usize,
     shift: &[ColMax; W],
@@ -265,12 +307,9 @@ unsafe fn block_exp<const R: usize, const W: usize>(
 /// operand of its FMA (`vfmadd231ps zmm, zmm, m32{1to16}`).
 ///
 /// That pays in [`block_exp`] only, whose exponentials keep the vector pipes beside the FMA
-/// ones busy, where a separate `vbroadcastss zmm` also costs about half a cycle (Zen 4, 2-core
-/// VM, 2026-11-24). In assembly, a step of 16 FMAs and two exponentials took 30 cycles with 8
-/// shared broadcasts and 25 with 16 folded ones (16.6 without the exponentials, either way).
-/// `softmax_product` on one pair of panels, 256 keys, `dv` = 64, cache-hot: 10.1 → 9.7 µs,
-/// against 9.1 for the plain product. The plain blocks' FMAs alone set their pace, and folding
-/// their broadcasts too measured no faster, so they keep the shared one.
+/// ones busy, where a separate `vbroadcastss zmm` also costs about half a cycle (a step of 16
+/// FMAs and two exponentials: 30 cycles with shared broadcasts, 25 with folded ones). The plain
+/// blocks' FMAs alone set their pace, so they keep the shared broadcast (see BENCHMARKS.md).
 #[inline(always)]
 #[allow(
     clippy::pointers_in_nomem_asm_block,
@@ -319,15 +358,9 @@ unsafe fn block_rows<const R: usize, const G: usize, const W: usize, const GRAD:
         }
         let mut bl = x.b;
         // The next block's rows of A (K rows in `Sᵀ = K·Qᵀ`) fetched into L1, one line a step:
-        // row `l % R`, line `l / R`. On top of `fetch_step` in the columns' kernels (f32, B=1,
-        // H=8, D=64, N=1024, 2 threads, against no prefetch at all, two runs of 50 and 80
-        // interleaved rounds): full 1.039 against 1.030 without it, causal 1.038 and 1.023
-        // against 1.026 and 1.022 (Zen 4 VM, 2026-11-24).
-        //
-        // The steps go in runs of R, one line of the R rows a run: computed per step, the
-        // division, remainder and branches took more than the issue slots that two FMA pipes
-        // leave (cache-hot 512×64 by 64×32 product on one thread of a Xeon with AVX-512, 244
-        // GFLOP/s peak: 189 → 210 GFLOP/s, rows 2 KiB apart 184 → 201; 2026-11-25).
+        // row `l % R`, line `l / R` (about 1% on top of `fetch_step`; see BENCHMARKS.md). The
+        // steps go in runs of R, one line of the R rows a run: computed per step, the division,
+        // remainder and branches took more than the issue slots that two FMA pipes leave.
         let next = x.a.wrapping_add(R * x.st.a_rs);
         let mut l0 = 0;
         while l0 < x.k {
@@ -420,11 +453,8 @@ const FETCH_AHEAD: usize = 16;
 /// In `Oᵀ += Vᵀ·Pᵀ` with V rows 2 KiB apart (`[B, N, H, D]`, H·D = 512), each step's values
 /// come from L2: the rows' lines fall into 2 of the L1's 64 sets. The FMAs that wait on them
 /// fill the FP scheduler, so the loads of the next steps issue late; a prefetch goes through
-/// the load unit alone. Measured on the 2-vCPU Zen 4 VM (2026-11-24), f32 forward, B=1, H=8,
-/// D=64, N=1024, 2 threads, ratios over 50–80 interleaved rounds against no prefetch: 8 steps
-/// ahead causal 1.014, 12 1.011–1.014, 16 1.011–1.016; one prefetch a step (the first value
-/// only) 1.009 against 1.035 for both ends; with the exp block too, 16 ahead: full 1.008,
-/// causal 1.015–1.022; with `[B, H, N, D]` storage, full 1.009, causal 1.008.
+/// the load unit alone (1–2% of the forward; 8, 12 and 16 steps ahead alike; see
+/// BENCHMARKS.md).
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn fetch_step<const R: usize>(al: *const f32, a_cs: usize) {

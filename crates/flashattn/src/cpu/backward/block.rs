@@ -13,15 +13,14 @@
 //! ```
 //!
 //! Every product is the microkernel's `C[rows × 16] (=|+=) A · B[k × 16]` over 16-column panels
-//! of the right operand (see [`super::microkernel`]): A is read in place whatever its strides
+//! of the right operand (see [`crate::cpu::simd::microkernel`]): A is read in place whatever its strides
 //! (Pᵀ and dSᵀ are transposed views of the score tile), and the right operands are kept
 //! 16-wide: the block's `αKᵀ`, `Vᵀ` and `αK`, zero-padded to multiples of 16 columns once per
 //! block, Q and dO packed (as f32, padded) once per (sequence, query heads) for all the key
-//! blocks a thread takes of them (they were packed per tile and key block: 10% of one thread's
-//! backward samples at N=1024, D=64; the whole backward went +8 to +15%, 2026-11-23). Nothing is
-//! repacked per product. Extra memory per thread: the sequence's Q and dO rows of the task's
+//! blocks a thread takes of them (packed per tile and key block, they cost 8–15% of the
+//! backward; see BENCHMARKS.md). Nothing is repacked per product. Extra memory per thread: the sequence's Q and dO rows of the task's
 //! query heads, and their dQ when the thread's task has every key block (else the dQ partials
-//! of `super::backward`).
+//! of `crate::cpu::backward`).
 //!
 //! Tiles that cross the mask boundary are cut into strips of 16 rows, each multiplying only the
 //! keys it can see (rounded out to 16) and masking per element; their dV and dK are taken once
@@ -31,19 +30,18 @@
 
 use std::ops::Range;
 
-use super::SharedOut;
-use super::backward::{Inputs, Layouts};
-use super::bias_grad::{BiasGrad, TileFold};
-use super::exp::exp2_shifted_sum;
-use super::line_buf::LineBuf;
-use super::matmul::Write;
-use super::microkernel::{
-    HighLanes, PANEL, PairOffsets, PanelStrides, panels_product, softmax_grad_product,
+use crate::cpu::SharedOut;
+use crate::cpu::backward::bias_grad::{BiasGrad, TileFold};
+use crate::cpu::backward::{Inputs, Layouts};
+use crate::cpu::line_buf::LineBuf;
+use crate::cpu::prefetch::RowsAhead;
+use crate::cpu::score_mods::{ScoreMods, apply_score_mods_rows};
+use crate::cpu::simd::exp::exp2_shifted_sum;
+use crate::cpu::simd::microkernel::{
+    PANEL, PairOffsets, PanelStrides, Write, panels_product, softmax_grad_product,
 };
-use super::prefetch::RowsAhead;
-use super::score_mods::{ScoreMods, apply_score_mods_rows};
-use super::transpose::transpose;
 use crate::cpu::CpuElement;
+use crate::cpu::simd::transpose::transpose;
 use crate::mask::Mask;
 use crate::problem::{Problem, RowLayout};
 
@@ -213,7 +211,7 @@ fn product(
     let (st, pairs) = panel_pairs(c.rs, &a, b.rs, cols);
     for (c0, both) in pairs {
         let (c, b) = (&mut c.data[c0..], &b.data[c0..]);
-        panels_product(c, a.data, b, rows, k, st, both, write, HighLanes::NONE);
+        panels_product(c, a.data, b, rows, k, st, both, write);
     }
 }
 
@@ -376,11 +374,8 @@ impl<T: CpuElement> BlockCtx<'_, T> {
     /// (zero outside what each strip computed), then dV and dK once per chunk of keys over the
     /// queries that see them.
     ///
-    /// Before, each strip ran its own `Pᵀ·dO` and `dSᵀ·Q`, which sum over only its 16 queries,
-    /// so every register block of dV and dK was loaded and stored for 16 steps; the chunks
-    /// made the whole causal backward 1.5% faster (f32, B=1, H=8, D=64, N=1024, 2 threads,
-    /// Zen 4 VM, median over 10 interleaved rounds, 2026-11-24). Strips of 8, 12, 24 or 32
-    /// rows instead of 16 were within 1%.
+    /// A strip of its own per `Pᵀ·dO` and `dSᵀ·Q` would load and store every register block of
+    /// dV and dK for 16 steps only (see BENCHMARKS.md for the chunks' gain).
     #[allow(clippy::too_many_arguments)]
     fn boundary_tile(
         &self,

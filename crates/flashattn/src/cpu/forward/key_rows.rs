@@ -3,16 +3,16 @@
 
 use std::ops::Range;
 
-use super::line_buf::LineBuf;
-use super::prefetch::RowsAhead;
 use crate::cpu::CpuElement;
+use crate::cpu::line_buf::LineBuf;
+use crate::cpu::prefetch::RowsAhead;
 use crate::problem::Problem;
 
 /// K and V rows as f32 when not read in place: rows `packed` of one (call, sequence, kv head),
 /// row `j` at `(j − packed.start)·width`, kept from task to task while the thread stays on that
 /// head; or, for heads too long to keep, the current key block alone.
 #[derive(Default)]
-pub(super) struct PackedKeys {
+pub(crate) struct PackedKeys {
     k: LineBuf,
     v: LineBuf,
     /// (call, sequence, kv head) whose rows `k` and `v` hold.
@@ -23,21 +23,21 @@ pub(super) struct PackedKeys {
 /// Rows `j0..` of K or V, f32 unless a decoding kernel reads them in their own dtype: row
 /// `j0 + r` at `data[at + r·stride..]`.
 #[derive(Clone, Copy)]
-pub(super) struct KeyRows<'a, E = f32> {
-    pub(super) data: &'a [E],
-    pub(super) at: usize,
-    pub(super) stride: usize,
+pub(crate) struct KeyRows<'a, E = f32> {
+    pub(crate) data: &'a [E],
+    pub(crate) at: usize,
+    pub(crate) stride: usize,
 }
 
 impl<'a, E> KeyRows<'a, E> {
     /// The rows from `r` on.
-    pub(super) fn skip(&self, r: usize) -> &'a [E] {
+    pub(crate) fn skip(&self, r: usize) -> &'a [E] {
         &self.data[self.at + r * self.stride..]
     }
 }
 
 /// The K and V rows of one (sequence `b`, key/value head `hk`) as a task reads them.
-pub(super) struct KeySource<'a, T> {
+pub(crate) struct KeySource<'a, T> {
     pub p: &'a Problem,
     pub k: &'a [T],
     pub v: &'a [T],
@@ -55,7 +55,7 @@ impl<T: CpuElement> KeySource<'_, T> {
     /// K and V rows of the key block `keys` as f32: in place for f32 when `in_place`, converted
     /// or copied into `kv` otherwise, where they stay for the thread's next task on the same
     /// head when `keep`.
-    pub(super) fn block<'s>(
+    pub(crate) fn block<'s>(
         &'s self,
         kv: &'s mut PackedKeys,
         keys: Range<usize>,

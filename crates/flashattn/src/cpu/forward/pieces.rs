@@ -7,43 +7,23 @@ use std::ops::Range;
 
 /// Keys of a block multiplied by one panel of a pair, or by both.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Piece {
-    pub(super) keys: Range<usize>,
+pub(crate) struct Piece {
+    pub(crate) keys: Range<usize>,
     /// The panel (0 or 1), or the first of the two.
-    pub(super) first: usize,
-    pub(super) both: bool,
+    pub(crate) first: usize,
+    pub(crate) both: bool,
 }
 
 impl Piece {
     /// The panels (0, 1 or both) the piece is multiplied by.
-    pub(super) fn panels(&self) -> Range<usize> {
+    pub(crate) fn panels(&self) -> Range<usize> {
         self.first..self.first + 1 + usize::from(self.both)
     }
 }
 
 /// True when `inner` lies within `outer` (an empty `inner` always does).
-pub(super) fn contains(outer: &Range<usize>, inner: &Range<usize>) -> bool {
+pub(crate) fn contains(outer: &Range<usize>, inner: &Range<usize>) -> bool {
     inner.is_empty() || (outer.start <= inner.start && inner.end <= outer.end)
-}
-
-/// How many of the first keys of `keys` lie in `within`: all of them, some, or none when
-/// `within` does not hold the first.
-pub(super) fn leading(within: &Range<usize>, keys: &Range<usize>) -> usize {
-    if within.contains(&keys.start) {
-        within.end.min(keys.end) - keys.start
-    } else {
-        0
-    }
-}
-
-/// Extends `run` by `keys` where they follow it (or start it when it is empty); otherwise
-/// leaves it: the longest run of consecutive keys from the first added.
-pub(super) fn extend_run(run: &mut Range<usize>, keys: &Range<usize>) {
-    if run.start >= run.end {
-        *run = keys.clone();
-    } else if run.end == keys.start {
-        run.end = keys.end;
-    }
 }
 
 /// The keys each panel of a pair sees (`seen`, empty for a missing panel), cut into pieces:
@@ -52,7 +32,7 @@ pub(super) fn extend_run(run: &mut Range<usize>, keys: &Range<usize>) {
 /// sees) of either panel, so that the products' maxima of the piece in between are exact for
 /// both panels (that cut moves back to a whole number of four-key groups; a piece reaching
 /// past a panel's `full` keys gets that panel's maxima after the mask).
-pub(super) fn pieces(seen: &[Range<usize>; 2], full: &[Range<usize>; 2]) -> [Option<Piece>; 7] {
+pub(crate) fn pieces(seen: &[Range<usize>; 2], full: &[Range<usize>; 2]) -> [Option<Piece>; 7] {
     let mut out: [Option<Piece>; 7] = Default::default();
     let piece =
         |first, keys: Range<usize>, both| (!keys.is_empty()).then_some(Piece { keys, first, both });
@@ -86,7 +66,7 @@ pub(super) fn pieces(seen: &[Range<usize>; 2], full: &[Range<usize>; 2]) -> [Opt
 
 /// `pieces` with neighbours on the same panels joined: the keys both panels see become one
 /// piece again.
-pub(super) fn merged(pieces: &[Option<Piece>; 7]) -> [Option<Piece>; 7] {
+pub(crate) fn merged(pieces: &[Option<Piece>; 7]) -> [Option<Piece>; 7] {
     let mut out: [Option<Piece>; 7] = Default::default();
     let mut n = 0usize;
     for p in pieces.iter().flatten() {
@@ -123,21 +103,6 @@ mod tests {
             assert_eq!(k.len(), n, "a key multiplied twice for one panel");
         }
         keys
-    }
-
-    #[test]
-    fn leading_keys_and_runs() {
-        assert_eq!(leading(&(0..17), &(0..32)), 17);
-        assert_eq!(leading(&(0..17), &(4..10)), 6);
-        assert_eq!(leading(&(5..17), &(0..32)), 0);
-        assert_eq!(leading(&(0..17), &(17..32)), 0);
-        assert_eq!(leading(&(3..3), &(3..8)), 0);
-        let mut run = 0..0;
-        extend_run(&mut run, &(4..8));
-        extend_run(&mut run, &(8..16));
-        assert_eq!(run, 4..16);
-        extend_run(&mut run, &(20..24));
-        assert_eq!(run, 4..16);
     }
 
     #[test]

@@ -8,13 +8,9 @@ use crate::mask::Mask;
 /// sees the fewest keys under `mask`, which is cut into blocks of [`TAIL_Q`] rows. Sorted
 /// longest first, a (sequence, head)'s short blocks come last, so that each thread's run of
 /// tasks ends on short tasks and a thread that finishes its run early waits less for the other
-/// to end its last task. On a 2-core Zen 1 VM (2026-11-29), f32, B=1, H=8, D=64, N=1024,
-/// 512-query tasks, the time one thread waited for the other at the end of a call, averaged
-/// over 56 calls, fell from 2.0% of the call to 0.6% causal and from 3.6% to 1.2% full; the
-/// bench's rate (fastest call of three, median over 8 interleaved rounds, over the uncut
-/// blocks') moved 1.008 and 1.003 full, 0.997 and 1.016 causal in two runs; at N=4096 0.994
-/// full, 1.001 causal.
-pub(super) fn query_blocks(nq: usize, block_q: usize, mask: &Mask) -> Vec<Range<usize>> {
+/// to end its last task (a thread's wait at the end of a call fell to a third; see
+/// BENCHMARKS.md).
+pub(crate) fn query_blocks(nq: usize, block_q: usize, mask: &Mask) -> Vec<Range<usize>> {
     let blocks = (0..nq.div_ceil(block_q)).map(|t| t * block_q..((t + 1) * block_q).min(nq));
     let cheapest = blocks
         .clone()
@@ -34,7 +30,7 @@ pub(super) fn query_blocks(nq: usize, block_q: usize, mask: &Mask) -> Vec<Range<
 }
 
 /// Query rows times the keys they see under `mask`: a block's share of the call's work.
-pub(super) fn block_cost(mask: &Mask, rows: Range<usize>) -> usize {
+pub(crate) fn block_cost(mask: &Mask, rows: Range<usize>) -> usize {
     rows.len() * mask.key_range_for_rows(rows).len()
 }
 

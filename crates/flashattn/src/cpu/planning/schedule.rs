@@ -5,27 +5,16 @@
 //! run alone while the others wait. Here the tasks are cut into runs of about equal cost, each
 //! taken from an atomic range: a thread takes its own run's tasks from the front (longest
 //! first), then the other runs' from the back (their shortest). With several threads on one
-//! run (`runs` = 1), the run is one queue in the order given. The threads are the caller's and
-//! those of the rayon pool that join it ([`on_threads`]).
-//!
-//! Measured on the 2-vCPU Zen 4 VM (2026-11-24), f32 forward, D=64, 2 threads, `[B, N, H, D]`,
-//! interleaved rounds of 10 calls in one process against `par_iter` (median over rounds of the
-//! ratio of the rounds' fastest calls; the host's noise is about ±2%):
-//! - B=4, H=8, N=1024 (one queue): full 1.018–1.021, causal 1.019–1.023, mean call -2.5%;
-//! - B=1, H=8, N=1024 (one queue): 0.995–1.024 over nine runs, mean call -4.4% to +1.3%;
-//! - B=1, N=128 and 512, one run a thread: within 1% (one queue there: 10% slower at N=128,
-//!   threads alternating between heads);
-//! - f16 inputs, N=1024, one run a thread: 1.004–1.015 (one queue: causal 0.97–0.98, every
-//!   thread converting every head).
+//! run (`runs` = 1), the run is one queue in the order given. Measured against `par_iter` in
+//! BENCHMARKS.md.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::threads::on_threads;
+use rayon::prelude::*;
 
-/// Runs `body` on every task of `tasks`, on the calling thread and the threads of the current
-/// rayon pool that join it, and returns once every task has ended; a panic in `body` is passed
-/// on once every task that started has ended.
+/// Runs `body` on every task of `tasks` on the current rayon pool, and returns once every task
+/// has ended; a panic in `body` is passed on once every task that started has ended.
 ///
 /// The tasks are cut into at most `runs` contiguous runs of about equal total `cost` (1: one
 /// queue for all threads). Each thread takes the tasks of a run of its own from the front,
@@ -44,17 +33,21 @@ pub(crate) fn for_each_in_runs<T: Sync>(
     debug_assert!(u32::try_from(tasks.len()).is_ok());
     let threads = rayon::current_num_threads().min(tasks.len());
     let runs = cut(tasks, runs.min(threads), cost);
-    on_threads(threads, |thread| {
-        let own = thread % runs.len();
-        while let Some(i) = runs[own].front() {
-            body(&tasks[i]);
-        }
-        for other in (1..runs.len()).map(|k| (own + k) % runs.len()) {
-            while let Some(i) = runs[other].back() {
+    // One job a thread, each taking tasks until none is left.
+    (0..threads)
+        .into_par_iter()
+        .with_max_len(1)
+        .for_each(|thread| {
+            let own = thread % runs.len();
+            while let Some(i) = runs[own].front() {
                 body(&tasks[i]);
             }
-        }
-    });
+            for other in (1..runs.len()).map(|k| (own + k) % runs.len()) {
+                while let Some(i) = runs[other].back() {
+                    body(&tasks[i]);
+                }
+            }
+        });
 }
 
 /// [`for_each_in_runs`] with one queue for all threads, in the order given.
@@ -97,10 +90,7 @@ fn cut<T>(tasks: &[T], runs: usize, cost: impl Fn(&T) -> usize) -> Vec<Run> {
         // Cut before task i when the run would pass its share with it (a run keeps at least
         // one task). The owner takes its run's longest tasks first and the other threads the
         // shortest from the back, so a run short of its share is topped up at the end, while
-        // one over it cannot be: tasks of cost 8, 7, …, 1 on two threads (B=1, H=1, N=1024,
-        // causal) cut 8, 7, 6 | 5, …, 1 (closest to the share) ran 21 units on one thread
-        // against 18; cut 8, 7 | 6, …, 1, the forward ran 1.137× as fast (median over 12
-        // interleaved rounds; B=1 with H=2, 3 and N=128, 512 within 1%; 2026-11-24).
+        // one over it cannot be (costs 8, 7, …, 1 on two threads cut 8, 7 | 6, …, 1).
         if r < runs && sum + c as u128 > share && i > bounds[r - 1] {
             bounds.push(i);
         }

@@ -1,46 +1,44 @@
 //! The backward's `D = rowsum(dO∘O)` dot products, in AVX-512 when the CPU has it (the
 //! baseline build gives the compiler only SSE2's 4 lanes), plain Rust otherwise. (`dS =
 //! P∘(dP − D)` is the epilogue of `dP`'s product: `microkernel::softmax_grad_product`.)
-//!
-//! Summed one element at a time in SSE2, the dot products took 0.7% of a one-thread f32
-//! backward (B=1, H=8, D=64, N=1024, `perf`, 2026-11-23).
 
-#[cfg(target_arch = "x86_64")]
-use super::simd::{Simd, cpu_simd};
+use crate::cpu::simd::kernels;
 
 /// `Σ a[j]·b[j]` (equal lengths), in several partial sums.
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot: lengths differ");
-    #[cfg(target_arch = "x86_64")]
-    if cpu_simd() == Simd::Avx512 {
-        // SAFETY: the CPU supports AVX-512F.
-        return unsafe { avx512::dot(a, b) };
-    }
-    // Eight running sums, which the compiler keeps in vector lanes.
-    let mut sums = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for ((s, x), y) in sums.iter_mut().zip(x).zip(y) {
-            *s += x * y;
+    (kernels().dot)(a, b)
+}
+
+/// The portable level's kernel.
+pub(crate) mod portable {
+    /// See [`super::dot`]: eight running sums, which the compiler keeps in vector lanes.
+    pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let mut sums = [0f32; 8];
+        let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+        let tail: f32 = ca
+            .remainder()
+            .iter()
+            .zip(cb.remainder())
+            .map(|(x, y)| x * y)
+            .sum();
+        for (x, y) in ca.zip(cb) {
+            for ((s, x), y) in sums.iter_mut().zip(x).zip(y) {
+                *s += x * y;
+            }
         }
+        sums.iter().sum::<f32>() + tail
     }
-    sums.iter().sum::<f32>() + tail
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
     const LANES: usize = 16;
 
     #[target_feature(enable = "avx512f")]
-    pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
         let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
         let (ca, cb) = (a.chunks_exact(2 * LANES), b.chunks_exact(2 * LANES));
         let (ra, rb) = (ca.remainder(), cb.remainder());
@@ -59,7 +57,7 @@ mod avx512 {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::cpu::simd::{Kernels, Simd};
 
     #[test]
     fn dot_matches_f64_sums() {
@@ -72,11 +70,13 @@ mod tests {
                 .zip(&g)
                 .map(|(&a, &b)| (a as f64 * b as f64).abs())
                 .sum();
-            let got = dot(&p, &g) as f64;
-            assert!(
-                (got - want).abs() <= 1e-6 * norm.max(1.0),
-                "n {n}: {got} vs {want}"
-            );
+            for level in Simd::available() {
+                let got = (Kernels::of(level).dot)(&p, &g) as f64;
+                assert!(
+                    (got - want).abs() <= 1e-6 * norm.max(1.0),
+                    "{level} n {n}: {got} vs {want}"
+                );
+            }
         }
     }
 }

@@ -37,26 +37,20 @@ const EIGHTHS: f32 = 1_572_864.0;
 /// those), and `m` shifted up by 20 adds `n` to its exponent field (with `j << 20`, which the
 /// table holds already subtracted). The cubic for `2^f` takes four instructions of the FMA
 /// pipes where the portable path's degree-6 polynomial on `[−½, ½]` takes seven, and its
-/// dependency chain is shorter: on a 2-core Zen 1 VM (AVX2 on 128-bit units, 2026-11-28), where
-/// the exponentials' pass was bound by that chain, a 256×16 panel in L1 took 6.8 ns a vector
-/// with the degree-6 polynomial, 5.3–5.4 with the table and cubic (an even-odd evaluation of
-/// the cubic, 5.6, was slower), and less with more rows a step (see [`exp2_shifted_panel`]).
-/// Two rows a step, forward f32, B=1, H=8, D=64, N=1024, 2 threads, three interleaved runs,
-/// GFLOP/s before → after: full 63.4–64.9 → 65.1–66.3, causal 57.7–61.0 → 61.2–62.7; backward
-/// full 65.7–66.9 → 66.8–68.8, causal 61.8–63.5 → 62.5–64.8. Worst relative error over the
-/// whole range 1.6e-7 (the degree-6 polynomial: 8.0e-8). Inputs below −127 give 0 (−∞
+/// dependency chain is shorter (a pass 20% faster a vector; see BENCHMARKS.md). Worst relative
+/// error over the whole range 1.6e-7 (the degree-6 polynomial: 8.0e-8). Inputs below −127 give 0 (−∞
 /// included), results below 2^−126 may be subnormal or 0; inputs above +127 are clamped.
-/// `CAP_ABOVE = false` skips the upper clamp, for arguments known to be ≤ 0, and `FLOOR = false`
-/// the lower one, for arguments known to be at least −127 (see [`exp2_shifted_ps`]).
+/// `CAP_ABOVE = false` skips the upper clamp, for arguments known to be ≤ 0. NaN gives NaN:
+/// the clamps take `x` as their second operand, which `vmaxps`/`vminps` return for NaN.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn exp2_ps<const CAP_ABOVE: bool, const FLOOR: bool>(x: __m256) -> __m256 {
+fn exp2_ps<const CAP_ABOVE: bool>(x: __m256) -> __m256 {
     let x = if CAP_ABOVE {
-        _mm256_min_ps(x, _mm256_set1_ps(EXP2_MAX))
+        _mm256_min_ps(_mm256_set1_ps(EXP2_MAX), x)
     } else {
         x
     };
-    exp2_shifted_ps::<FLOOR>(x, Shift::folded(_mm256_setzero_ps()))
+    exp2_shifted_ps(x, Shift::folded(_mm256_setzero_ps()))
 }
 
 /// `2^(x − s)` on 8 lanes for a shift `s` on the grid of eighths ([`Shift::folded`]): [`exp2_ps`]
@@ -67,19 +61,11 @@ fn exp2_ps<const CAP_ABOVE: bool, const FLOOR: bool>(x: __m256) -> __m256 {
 /// exact difference. Inputs below `s − 127` give 0.
 ///
 /// One vector instruction fewer than subtracting: the softmax keeps its running maxima on the
-/// grid (`online_softmax`) so that its passes take this route. On a 2-core Zen 1 VM
-/// (2026-11-29), a 512×16 panel in L1, copied in and passed over: 6.1–6.4 → 5.9–6.0 ns a
-/// vector; forward f32, B=1, H=8, D=64, N=1024, 2 threads, median over 8 interleaved rounds of
-/// the rate over the subtracting pass's: full 1.003, causal 1.006.
-///
-/// `FLOOR = false` leaves out the clamp at `s − 127`, for inputs known to lie above it (a tile
-/// whose products' minima say so, see `exp2_shifted_panel_bounded`): one instruction of about
-/// twelve, and a 512×16 panel in L1 took 3.81 ns a vector instead of 4.26 (Zen 1, 2026-11-29).
-/// Below `s − 127` the result is then meaningless.
+/// grid (`online_softmax`) so that its passes take this route.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn exp2_shifted_ps<const FLOOR: bool>(x: __m256, s: Shift) -> __m256 {
-    let x = if FLOOR { _mm256_max_ps(x, s.floor) } else { x };
+fn exp2_shifted_ps(x: __m256, s: Shift) -> __m256 {
+    let x = _mm256_max_ps(s.floor, x);
     let t = _mm256_add_ps(x, s.offset);
     let f = _mm256_sub_ps(x, _mm256_sub_ps(t, s.offset));
     let m = _mm256_castps_si256(t);
@@ -137,22 +123,14 @@ const FOLDED_MAX: f32 = 262_144.0;
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 pub(in crate::cpu) fn exp2_poly_ps(x: __m256) -> __m256 {
-    exp2_ps::<true, true>(x)
+    exp2_ps::<true>(x)
 }
 
 /// See [`super::exp2_shifted_panel`]. Four rows a step: eight independent exponentials in
-/// flight hide more of each one's dependency chain (a 256×16 panel in L1 on a Zen 1 core, ns a
-/// vector: one row a step 5.3–5.4, two 5.1, four 4.8–4.9 where two measured 5.7 in the same
-/// minutes, eight 5.6–5.8; each step's vectors added into the sums one by one rather than in
-/// pairs, 6.3). The forward and backward at N=1024 (f32, B=1, H=8, D=64, three interleaved
-/// runs against two rows a step) moved within the noise: forward full 64.3–65.6 → 65.5–66.2
-/// GFLOP/s, the rest ±2.
+/// flight hide more of each one's dependency chain (the fastest of 1, 2, 4 and 8 rows a step
+/// on a panel in L1; see BENCHMARKS.md).
 #[target_feature(enable = "avx2,fma")]
-pub(super) fn exp2_shifted_panel(
-    x: &mut [f32],
-    shift: &[f32; LANES],
-    bounded: bool,
-) -> [f32; LANES] {
+pub(crate) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; LANES] {
     // SAFETY: `shift` holds 16 f32, read as two unaligned 8-lane vectors.
     let shift = unsafe {
         [
@@ -161,11 +139,10 @@ pub(super) fn exp2_shifted_panel(
         ]
     };
     let fold = Shift::foldable(shift[0]) && Shift::foldable(shift[1]);
-    let sums = match (fold, bounded) {
-        (true, false) => panel_pass::<true, true>(x, shift),
-        (true, true) => panel_pass::<true, false>(x, shift),
-        (false, false) => panel_pass::<false, true>(x, shift),
-        (false, true) => panel_pass::<false, false>(x, shift),
+    let sums = if fold {
+        panel_pass::<true>(x, shift)
+    } else {
+        panel_pass::<false>(x, shift)
     };
     let mut out = [0f32; LANES];
     // SAFETY: `out` holds 16 f32.
@@ -176,28 +153,18 @@ pub(super) fn exp2_shifted_panel(
     out
 }
 
-/// [`exp2_shifted_panel`]'s pass, the shifts folded into the rounding (`FOLD`) or subtracted,
-/// the arguments clamped at −127 (`FLOOR`) or known to lie above.
+/// [`exp2_shifted_panel`]'s pass, the shifts folded into the rounding (`FOLD`) or subtracted.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn panel_pass<const FOLD: bool, const FLOOR: bool>(
-    x: &mut [f32],
-    shift: [__m256; 2],
-) -> [__m256; 2] {
+fn panel_pass<const FOLD: bool>(x: &mut [f32], shift: [__m256; 2]) -> [__m256; 2] {
     let shifts = (shift, shift.map(|s| Shift::folded(s)));
     let mut sums = [_mm256_setzero_ps(); 2];
     let mut steps = x.chunks_exact_mut(4 * LANES);
     for step in &mut steps {
-        add_step(
-            &mut sums,
-            shifted_vectors::<8, false, FOLD, FLOOR>(step, shifts),
-        );
+        add_step(&mut sums, shifted_vectors::<8, false, FOLD>(step, shifts));
     }
     for row in steps.into_remainder().chunks_exact_mut(LANES) {
-        add_step(
-            &mut sums,
-            shifted_vectors::<2, false, FOLD, FLOOR>(row, shifts),
-        );
+        add_step(&mut sums, shifted_vectors::<2, false, FOLD>(row, shifts));
     }
     sums
 }
@@ -206,10 +173,9 @@ fn panel_pass<const FOLD: bool, const FLOOR: bool>(
 /// replaced by `2^(x − shift)` (clamped above as [`exp2_ps`] says); returns them. The shifts
 /// come as they are and as [`Shift::folded`] (computed once by the caller, outside its loop):
 /// with `FOLD` they are folded into the rounding ([`exp2_shifted_ps`]; they must be foldable).
-/// Without `FLOOR` every `x − shift` must be at least −127.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn shifted_vectors<const V: usize, const CAP_ABOVE: bool, const FOLD: bool, const FLOOR: bool>(
+fn shifted_vectors<const V: usize, const CAP_ABOVE: bool, const FOLD: bool>(
     x: &mut [f32],
     (shift, folded): ([__m256; 2], [Shift; 2]),
 ) -> [__m256; V] {
@@ -220,9 +186,9 @@ fn shifted_vectors<const V: usize, const CAP_ABOVE: bool, const FOLD: bool, cons
         let e: [__m256; V] = std::array::from_fn(|i| {
             let v = _mm256_loadu_ps(ptr.add(8 * i));
             if FOLD {
-                exp2_shifted_ps::<FLOOR>(v, folded[i % 2])
+                exp2_shifted_ps(v, folded[i % 2])
             } else {
-                exp2_ps::<CAP_ABOVE, FLOOR>(_mm256_sub_ps(v, shift[i % 2]))
+                exp2_ps::<CAP_ABOVE>(_mm256_sub_ps(v, shift[i % 2]))
             }
         });
         for (i, &v) in e.iter().enumerate() {
@@ -234,7 +200,7 @@ fn shifted_vectors<const V: usize, const CAP_ABOVE: bool, const FOLD: bool, cons
 
 /// Adds a step's vectors `e` (2 or 8) to `sums`: the even ones to the first, the odd ones to
 /// the second, in pairs (a shorter chain than one running sum: with eight vectors a step, a
-/// running sum took the panel pass from 5.0 to 6.3 ns a vector).
+/// running sum made the panel pass 25% slower).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn add_step<const V: usize>(sums: &mut [__m256; 2], e: [__m256; V]) {
@@ -253,17 +219,17 @@ fn add_step<const V: usize>(sums: &mut [__m256; 2], e: [__m256; V]) {
 
 /// See [`super::exp2_shifted_sum`].
 #[target_feature(enable = "avx2,fma")]
-pub(super) fn exp2_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
+pub(crate) fn exp2_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
     let s = [_mm256_set1_ps(shift); 2];
     let s = (s, s.map(|s| Shift::folded(s)));
     let mut sums = [_mm256_setzero_ps(); 2];
     let mut steps = x.chunks_exact_mut(64);
     for step in &mut steps {
-        add_step(&mut sums, shifted_vectors::<8, true, false, true>(step, s));
+        add_step(&mut sums, shifted_vectors::<8, true, false>(step, s));
     }
     let mut chunks = steps.into_remainder().chunks_exact_mut(16);
     for chunk in &mut chunks {
-        add_step(&mut sums, shifted_vectors::<2, true, false, true>(chunk, s));
+        add_step(&mut sums, shifted_vectors::<2, true, false>(chunk, s));
     }
     let mut lanes = [0f32; 8];
     // SAFETY: `lanes` holds 8 f32.

@@ -7,16 +7,11 @@
 //! on the query side is done twice; its price is the K and V of each key block packed once per
 //! run, and partial dK/dV (the smaller side under GQA: `heads_kv · nk` rows against
 //! `heads_q · nq`) summed at the end. Chunks of key blocks, which a group of one query head
-//! needs, pack every query row of the group once per chunk and sum dQ partials instead. f32,
-//! B=1, D=64, N=1024, `backward_into` on two threads (Zen 4 VM, median over 12 interleaved
-//! rounds, 2026-11-24), runs against chunks: H=8 on one key/value head (4 runs or 4 chunks)
-//! 90.0% → 97.3% of the sgemm rate full, 80.1% → 89.9% causal (1.08×, 1.13×); on two (2 runs
-//! or 2 chunks) 1.011× and 1.009×. More runs than needed cost their K/V packing and partials:
-//! on one key/value head 2 / 8 runs against 4, full 0.994 / 0.944, causal 0.997 / 0.905; and
-//! with enough groups for the threads (H=32 on 8 key/value heads) 2 / 4 runs against whole
-//! groups, full 0.995 / 0.950, causal 0.978 / 0.899.
+//! needs, pack every query row of the group once per chunk and sum dQ partials instead. Runs
+//! beat chunks under GQA, and more runs than the threads need cost their K/V packing and
+//! partials (see BENCHMARKS.md).
 
-use super::backward_block::padded;
+use crate::cpu::backward::block::padded;
 use crate::problem::Problem;
 
 /// The most memory the partial sums may take (dQ beyond the first full-size f32 dQ, or dK and
@@ -48,14 +43,9 @@ impl Split {
     /// (fewest first, at most one per key block); else the best balanced of them all. Partial
     /// sums stay within [`EXTRA_PARTIALS_BYTES`].
     ///
-    /// Whole groups only when they were at least two per thread gave B=1, H=5 on two threads
-    /// five tasks, three rounds for two threads: two chunks instead (ten tasks) ran the
-    /// backward 1.18× (full) and 1.17× (causal) as fast (f32, D=64, N=1024, `backward_into`,
-    /// median over 10 interleaved rounds; Zen 4 VM, 2026-11-24). One task per thread costs
-    /// nothing when two cannot be had: H=2 whole against two chunks 1.000 / 0.999, H=4
-    /// 1.000 / 0.998 and 1.000 / 0.991 (full / causal). A packed batch of one 1024-token and
-    /// seven 128-token sequences, H=1: whole sequences left one thread with the long one, two
-    /// chunks ran 1.57× (full) and 1.47× (causal) as fast.
+    /// Balance wins over fewer tasks: five whole groups on two threads take three rounds, and
+    /// a packed batch of one long and several short sequences leaves one thread the long one;
+    /// one task per thread costs nothing when two cannot be had (see BENCHMARKS.md).
     pub(crate) fn of(p: &Problem, costs: &[f64], block_k: usize, threads: usize) -> Split {
         let threads = threads.max(1);
         let groups = (p.batch * p.heads_kv).max(1);
@@ -166,9 +156,7 @@ fn balance(costs: &[f64], heads_kv: usize, parts: usize, threads: usize) -> f64 
 /// in each round of `2 · chunks` blocks chunk `c` takes the `c`-th from either end. Under a
 /// causal mask, where a block's work falls linearly with its index, the chunks get equal work
 /// (every `chunks`-th block instead gave the first chunk the most: 12, 10, 8 and 6 query tiles
-/// for four chunks of eight blocks; f32, B=1, H=8 query heads on one key/value head, D=64,
-/// N=1024, causal, `backward_into` on two threads, median over 12 interleaved rounds: 65.5% →
-/// 80.0% of the sgemm rate, 1.21×; full attention the same; 2026-11-24).
+/// for four chunks of eight blocks; see BENCHMARKS.md).
 pub(crate) fn chunk_blocks(
     chunk: usize,
     chunks: usize,

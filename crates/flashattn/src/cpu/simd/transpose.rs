@@ -4,7 +4,7 @@
 //! columns on the way (the forward's query scale going in, each query's `1 / sum` going out),
 //! which saves a pass over the panel.
 
-use super::simd::{Simd, cpu_simd};
+use crate::cpu::simd::{Kernels, Simd, cpu_simd};
 
 /// Factors for the columns of a transposed source: column `c` is multiplied by `f[c % 16]`
 /// (one factor for all columns, or one per query of a 16-query panel).
@@ -81,38 +81,26 @@ pub(crate) unsafe fn transpose_to(
         (rows - 1) * src_rs + cols <= src.len(),
         "transpose: source out of bounds"
     );
-    // Square blocks in registers: 16×16 with AVX-512, 8×8 with AVX2 (also for what the 16×16
-    // blocks leave), elements one by one at the edges.
-    debug_assert!(simd <= cpu_simd());
-    // The blocks so far cover rows 0..covered.0 and columns 0..covered.1.
-    // (Only the x86-64 kernels move it.)
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+    // Square blocks in registers, the level's widest first (16×16 with AVX-512, 8×8 with
+    // AVX2 also for what the 16×16 blocks leave), elements one by one at the edges.
     let mut covered = (0, 0);
-    #[cfg(target_arch = "x86_64")]
-    for (size, level) in [(16, Simd::Avx512), (8, Simd::Avx2)] {
-        if simd < level {
-            continue;
-        }
+    for &(size, block) in Kernels::of(simd).transpose_blocks {
         let (full_r, full_c) = (rows / size * size, cols / size * size);
         for r in (0..full_r).step_by(size) {
             for c in (0..full_c).step_by(size) {
                 if r < covered.0 && c < covered.1 {
                     continue;
                 }
-                // SAFETY: the level is available (checked above); the block at (r, c) lies
-                // inside the source (asserted above, r + size <= rows and c + size <= cols) and
-                // among the destination elements the caller vouches for, which do not overlap
-                // the source; `f[c % 16..]` holds at least `size` factors (c is a multiple of
-                // `size`).
+                // SAFETY: the level's kernels run on this CPU (`Kernels::of`); the block at
+                // (r, c) lies inside the source (asserted above, r + size <= rows and c + size
+                // <= cols) and among the destination elements the caller vouches for, which do
+                // not overlap the source; `f[c % 16..]` holds at least `size` factors (c is a
+                // multiple of `size`).
                 unsafe {
                     let d = dst.add(c * dst_rs + r);
                     let s = src.as_ptr().add(r * src_rs + c);
                     let f = f.map(|f| f.as_ptr().add(c % 16));
-                    if size == 16 {
-                        avx512::block16(d, dst_rs, s, src_rs, f);
-                    } else {
-                        avx2::block8(d, dst_rs, s, src_rs, f);
-                    }
+                    block(d, dst_rs, s, src_rs, f);
                 }
             }
         }
@@ -132,7 +120,7 @@ pub(crate) unsafe fn transpose_to(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
     /// Transposes the 8×8 block at `src` (row stride `src_rs`) into `dst` (row stride `dst_rs`),
@@ -142,7 +130,7 @@ mod avx2 {
     /// AVX2 must be available; 8 rows of 8 elements must be readable at `src` and writable at
     /// `dst` with their strides, the two must not overlap, and `f` must hold 8 f32.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn block8(
+    pub(crate) unsafe fn block8(
         dst: *mut f32,
         dst_rs: usize,
         src: *const f32,
@@ -191,7 +179,7 @@ mod avx2 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
     /// Transposes the 16×16 block at `src` (row stride `src_rs`) into `dst` (row stride
@@ -202,7 +190,7 @@ mod avx512 {
     /// AVX-512F must be available; 16 rows of 16 elements must be readable at `src` and writable
     /// at `dst` with their strides, the two must not overlap, and `f` must hold 16 f32.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn block16(
+    pub(crate) unsafe fn block16(
         dst: *mut f32,
         dst_rs: usize,
         src: *const f32,
@@ -278,10 +266,7 @@ mod tests {
         ] {
             let (src_rs, dst_rs) = (cols + 5, rows + 3);
             let src: Vec<f32> = (0..rows * src_rs).map(|i| i as f32).collect();
-            for simd in [Simd::Portable, Simd::Avx2, Simd::Avx512] {
-                if simd > cpu_simd() {
-                    continue;
-                }
+            for simd in Simd::available() {
                 for f in [None, Some(&factors)] {
                     let mut dst = vec![f32::NAN; cols * dst_rs];
                     transpose_with(simd, &mut dst, dst_rs, (&src, src_rs, f), rows, cols);

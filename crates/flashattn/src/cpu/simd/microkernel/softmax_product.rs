@@ -5,31 +5,19 @@
 //! With AVX-512 the first register block computes each row of `Pᵀ` just before it multiplies
 //! it, and stores it for the other blocks: the exponentials' rounding, table lookup and scaling
 //! run beside the FMAs instead of in a pass of their own. Other levels run the exp pass first,
-//! then the plain product.
-//!
-//! Measured on the 2-core Zen 5 VM (2026-11-23; 1-thread profiles of the forward at N=1024,
-//! D=64, and interleaved A/B runs of the 2-thread forward as % of the AVX-512 sgemm rate): the
-//! fused block with the exponentials of row `l` computed just before its FMAs saved nothing
-//! (their ~35-cycle dependency chain stalled the FMAs; the exp's cost, 6.5% of the samples,
-//! was the separate pass's); computing row `l + 4` or `l + 8` while row `l` is multiplied cut
-//! it to 4.2%, and the exp with fewer FMA-pipe instructions (see `exp::avx512`) to 3.9%.
-//! Forward +1 to +2.5 points at N=1024 and 4096, causal and not.
+//! then the plain product. The fused block computes row `l + 8` while it multiplies row `l`:
+//! the exponential's long dependency chain would otherwise stall the FMAs (see BENCHMARKS.md
+//! for what the fusion saves).
 
-#[cfg(target_arch = "x86_64")]
-use super::{Block, check_ab, check_c};
-use super::{ColMax, HighLanes, PANEL, PairOffsets, PanelStrides, product};
-use crate::cpu::exp::exp2_shifted_panel_bounded;
-use crate::cpu::matmul::Write;
-use crate::cpu::simd::{Simd, cpu_simd};
+use super::Write;
+use super::{Block, ColMax, PANEL, PairOffsets, PanelStrides, check_ab, check_c, product};
+use crate::cpu::simd::{Kernels, Simd, cpu_simd};
 
 /// `C[rows × 16] += A[rows × k] · 2^(B − shift)` on one panel or two (`pair`, laid out as for
 /// [`super::panels_product`]), where each panel of B is `k` contiguous rows of 16
 /// (`st.b_rs == 16`) and is overwritten by `2^(B − shift)`. `shift[w]` holds a finite shift per
 /// lane of panel `w`, at least every score of its lane (a running maximum), so that every
-/// exponent is ≤ 0; scores of −∞ give 0. `bounded[w]` says that every score in the first
-/// `bounded[w]` rows of panel `w` is at least its lane's shift less 127 (see
-/// [`exp2_shifted_panel_bounded`]; the rows of a causal diagonal's mask come after them).
-/// `high.steps` (see [`HighLanes`]) tells the keys whose `Pᵀ` is 0 in a panel's lower 8 lanes.
+/// exponent is ≤ 0; scores of −∞ give 0.
 /// Returns the lane sums of each panel's new B (0 for the second panel when there is none).
 /// Panics if an operand reaches outside its slice or the two B panels overlap.
 #[allow(clippy::too_many_arguments)]
@@ -42,28 +30,12 @@ pub(crate) fn softmax_product(
     st: PanelStrides,
     pair: Option<PairOffsets>,
     shift: &[ColMax; 2],
-    bounded: [usize; 2],
-    high: HighLanes,
 ) -> [ColMax; 2] {
     match pair {
-        Some(pair) => {
-            product_exp::<2>(cpu_simd(), c, a, b, rows, k, st, pair, shift, bounded, high)
-        }
+        Some(pair) => product_exp::<2>(cpu_simd(), c, a, b, rows, k, st, pair, shift),
         None => {
             let one = PairOffsets::default();
-            let [sum] = product_exp::<1>(
-                cpu_simd(),
-                c,
-                a,
-                b,
-                rows,
-                k,
-                st,
-                one,
-                &[shift[0]],
-                [bounded[0]],
-                high,
-            );
+            let [sum] = product_exp::<1>(cpu_simd(), c, a, b, rows, k, st, one, &[shift[0]]);
             [sum, [0.0; PANEL]]
         }
     }
@@ -82,8 +54,6 @@ pub(super) fn product_exp<const W: usize>(
     st: PanelStrides,
     pair: PairOffsets,
     shift: &[ColMax; W],
-    bounded: [usize; W],
-    high: HighLanes,
 ) -> [ColMax; W] {
     assert_eq!(st.b_rs, PANEL, "softmax product: B rows must be contiguous");
     let mut sums = [[0f32; PANEL]; W];
@@ -95,9 +65,11 @@ pub(super) fn product_exp<const W: usize>(
         W == 1 || pair.b >= k * PANEL,
         "softmax product: the two B panels overlap"
     );
-    debug_assert!(simd <= cpu_simd());
-    #[cfg(target_arch = "x86_64")]
-    if simd == Simd::Avx512 && st.a_rs == 1 && rows > 0 {
+    let kernels = Kernels::of(simd);
+    if let Some(fused) = kernels.panels.product_exp
+        && st.a_rs == 1
+        && rows > 0
+    {
         check_c::<W>(c.len(), rows, st, pair);
         check_ab::<W>(a.len(), b.len(), rows, k, st, pair);
         let b = b.as_mut_ptr().cast_const();
@@ -105,15 +77,15 @@ pub(super) fn product_exp<const W: usize>(
             accumulate: true,
             ..Block::new(c.as_mut_ptr(), a.as_ptr(), b, k, st, pair)
         };
-        // SAFETY: AVX-512F is available (simd ≤ cpu_simd); the operands lie inside their
-        // slices (checked above); B, borrowed mutably, may be written through `block.b`, and C,
-        // also borrowed mutably, overlaps neither A nor B nor its other panel.
-        unsafe { super::avx512::product_exp(block, rows, shift, &mut sums) };
+        // SAFETY: the level's kernels run on this CPU (`Kernels::of`); the operands lie
+        // inside their slices (checked above); B, borrowed mutably, may be written through
+        // `block.b`, and C, also borrowed mutably, overlaps neither A nor B nor its other panel.
+        unsafe { fused(block, rows, shift, &mut sums) };
         return sums;
     }
     for (w, sum) in sums.iter_mut().enumerate() {
-        *sum = exp2_shifted_panel_bounded(&mut b[w * pair.b..][..k * PANEL], &shift[w], bounded[w]);
+        *sum = (kernels.exp2_shifted_panel)(&mut b[w * pair.b..][..k * PANEL], &shift[w]);
     }
-    product::<W>(simd, c, a, b, rows, k, st, pair, Write::Accumulate, high);
+    product::<W>(simd, c, a, b, rows, k, st, pair, Write::Accumulate);
     sums
 }

@@ -1,20 +1,15 @@
 //! Softcap, `cap · tanh(s / cap)`, over a run of scores, with its derivative `1 − tanh²` for the
-//! backward: AVX-512F or AVX2/FMA when the CPU has them ([`cpu_simd`]), `f32::tanh` otherwise.
+//! backward: AVX-512F or AVX2/FMA when the CPU has them, `f32::tanh` otherwise.
 //!
 //! `tanh(y)` for `|y| < 0.75` is `y + y·u·P(u)` with `u = y²` and `P` of degree 5 (fitted to the
 //! relative error, 1.6e-9 before f32 rounding); beyond, `(1 − e)/(1 + e)` with `e = 2^(−2|y|·log2 e)`
 //! by the exp module's degree-6 polynomial, where `e ≤ 0.22` keeps that quotient well
 //! conditioned; a vector whose lanes all lie below skips it (scores within ¾ of the cap are
 //! the common case). `cap · tanh(s / cap)` comes out within 2.7 ulp of the exact value over the whole
-//! range, against 3.2 for the scalar `f32::tanh` path (see the test); NaN stays NaN.
-//!
-//! A scalar `tanh` per score made the forward with softcap 8× slower than without (f32, B=1,
-//! H=8, N=1024, D=64, 2 threads, fastest of 10 calls: 43.6 against 5.4 ms; the backward 46.0
-//! against 13.1 ms); with these kernels 6.2–6.4 against 4.9–5.2 ms, and the backward within
-//! the noise of the plain one (14.6–14.9 ms).
+//! range, against 3.2 for the scalar `f32::tanh` path (see the test); NaN stays NaN. A scalar
+//! `tanh` per score made the forward with softcap 8× slower than without (see BENCHMARKS.md).
 
-#[cfg(target_arch = "x86_64")]
-use super::simd::{Simd, cpu_simd};
+use crate::cpu::simd::kernels;
 
 /// Below this `|y|` the polynomial, above it the exponential.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -40,19 +35,16 @@ pub(crate) fn softcap(x: &mut [f32], cap: f32, deriv: Option<&mut [f32]>) {
             "softcap: derivative and scores differ in length"
         );
     }
-    #[cfg(target_arch = "x86_64")]
-    match cpu_simd() {
-        // SAFETY: the CPU supports AVX-512F.
-        Simd::Avx512 => return unsafe { avx512::softcap(x, cap, deriv) },
-        // SAFETY: the CPU supports AVX2 and FMA.
-        Simd::Avx2 => return unsafe { avx2::softcap(x, cap, deriv) },
-        Simd::Portable => {}
-    }
-    scalar(x, cap, deriv)
+    (kernels().softcap)(x, cap, deriv)
+}
+
+/// The portable level's kernel.
+pub(crate) mod portable {
+    pub(crate) use super::scalar as softcap;
 }
 
 /// The reference: `f32::tanh` per element.
-fn scalar(x: &mut [f32], cap: f32, deriv: Option<&mut [f32]>) {
+pub(crate) fn scalar(x: &mut [f32], cap: f32, deriv: Option<&mut [f32]>) {
     let inv = 1.0 / cap;
     match deriv {
         Some(d) => x.iter_mut().zip(d).for_each(|(v, d)| {
@@ -65,11 +57,11 @@ fn scalar(x: &mut [f32], cap: f32, deriv: Option<&mut [f32]>) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{POLY, SPLIT, scalar};
-    use crate::cpu::exp::avx512::exp2_poly_ps;
+    use crate::cpu::simd::exp::avx512::exp2_poly_ps;
 
     /// `tanh` on 16 lanes (see the module doc).
     #[inline]
@@ -100,9 +92,9 @@ mod avx512 {
         _mm512_mask_blend_ps(beyond, small, large)
     }
 
-    /// See [`super::softcap`].
+    /// See [`crate::cpu::simd::softcap`].
     #[target_feature(enable = "avx512f")]
-    pub(super) fn softcap(x: &mut [f32], cap: f32, mut deriv: Option<&mut [f32]>) {
+    pub(crate) fn softcap(x: &mut [f32], cap: f32, mut deriv: Option<&mut [f32]>) {
         let (c, inv) = (_mm512_set1_ps(cap), _mm512_set1_ps(1.0 / cap));
         let one = _mm512_set1_ps(1.0);
         let whole = x.len() / 16 * 16;
@@ -123,11 +115,11 @@ mod avx512 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{POLY, SPLIT, scalar};
-    use crate::cpu::exp::avx2::exp2_poly_ps;
+    use crate::cpu::simd::exp::avx2::exp2_poly_ps;
 
     /// `tanh` on 8 lanes (see the module doc).
     #[inline]
@@ -154,9 +146,9 @@ mod avx2 {
         _mm256_blendv_ps(small, large, beyond)
     }
 
-    /// See [`super::softcap`].
+    /// See [`crate::cpu::simd::softcap`].
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn softcap(x: &mut [f32], cap: f32, mut deriv: Option<&mut [f32]>) {
+    pub(crate) fn softcap(x: &mut [f32], cap: f32, mut deriv: Option<&mut [f32]>) {
         let (c, inv) = (_mm256_set1_ps(cap), _mm256_set1_ps(1.0 / cap));
         let one = _mm256_set1_ps(1.0);
         let whole = x.len() / 8 * 8;
@@ -178,7 +170,7 @@ mod avx2 {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::cpu::simd::{Kernels, Simd};
 
     /// Every level this CPU has against f64 `tanh`, dense over `[−12, 12]` and at the edges:
     /// within 3 ulp of `tanh` (4 of `cap · tanh`), ±cap beyond, NaN kept, the derivative within
@@ -196,29 +188,11 @@ mod tests {
             f32::MIN_POSITIVE,
         ]);
         let cap = 2.5f32;
-        #[cfg(target_arch = "x86_64")]
-        let levels = [Simd::Portable, Simd::Avx2, Simd::Avx512]
-            .into_iter()
-            .filter(|&s| s <= cpu_simd());
-        #[cfg(not(target_arch = "x86_64"))]
-        let levels = [()].into_iter();
-        for level in levels {
+        for level in Simd::available() {
+            let softcap = Kernels::of(level).softcap;
             let mut x: Vec<f32> = ys.iter().map(|y| y * cap).collect();
             let mut d = vec![f32::NAN; x.len()];
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: only levels this CPU supports.
-            unsafe {
-                match level {
-                    Simd::Avx512 => avx512::softcap(&mut x, cap, Some(&mut d)),
-                    Simd::Avx2 => avx2::softcap(&mut x, cap, Some(&mut d)),
-                    Simd::Portable => scalar(&mut x, cap, Some(&mut d)),
-                }
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            {
-                let () = level;
-                scalar(&mut x, cap, Some(&mut d));
-            }
+            softcap(&mut x, cap, Some(&mut d));
             let mut worst = 0f64;
             for ((&y, &got), &dg) in ys.iter().zip(&x).zip(&d) {
                 let input = (y * cap) as f64;

@@ -58,17 +58,18 @@ const THIRTY_SECONDS: f32 = 393_216.0;
 /// adds, leaving `k` in the low bits of the first sum) and `|f| ≤ 1/64`; `2^f` is a quadratic,
 /// `2^(k/32)` comes from [`TABLE`] (one `vpermt2ps`, which reads those low bits) and `2^n` is
 /// applied by `vscalefps` (which takes `n` as the floor of `n + k/32`). Of its instructions
-/// only the two FMAs and the multiply compete with the products for the FMA pipes (Zen 5: adds,
-/// maxima, `vscalefps` run beside them; measured on the 2-core VM, 2026-11-23). Relative
+/// only the two FMAs and the multiply compete with the products for the FMA pipes (on Zen 5
+/// the adds, maxima and `vscalefps` run beside them). Relative
 /// error within 1.5e-7 (the AVX2 and scalar paths' degree-6 polynomial: 1.2e-7).
-/// `CAP_ABOVE = false` skips the upper clamp, for arguments known to be ≤ 0.
+/// `CAP_ABOVE = false` skips the upper clamp, for arguments known to be ≤ 0. NaN gives NaN:
+/// the clamps take `x` as their second operand, which `vmaxps`/`vminps` return for NaN.
 #[inline]
 #[target_feature(enable = "avx512f")]
 pub(in crate::cpu) fn exp2_ps<const CAP_ABOVE: bool>(x: __m512) -> __m512 {
-    let keep = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(FLUSH));
-    let mut x = _mm512_max_ps(x, _mm512_set1_ps(FLUSH));
+    let keep = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, _mm512_set1_ps(FLUSH));
+    let mut x = _mm512_max_ps(_mm512_set1_ps(FLUSH), x);
     if CAP_ABOVE {
-        x = _mm512_min_ps(x, _mm512_set1_ps(EXP2_MAX));
+        x = _mm512_min_ps(_mm512_set1_ps(EXP2_MAX), x);
     }
     let t = _mm512_add_ps(x, _mm512_set1_ps(THIRTY_SECONDS));
     let r = _mm512_sub_ps(t, _mm512_set1_ps(THIRTY_SECONDS));
@@ -89,13 +90,13 @@ pub(in crate::cpu) fn exp2_ps<const CAP_ABOVE: bool>(x: __m512) -> __m512 {
 /// `2^x` on 16 lanes by the other levels' degree-6 polynomial (see the module doc of
 /// [`super`]): `x` clamped to `[−127, 127]`, `n = round(x)` from adding [`ROUNDER`], `2^n` from
 /// `n + 127` shifted into the exponent field. Within 1.2e-7 of `2^x`, and 0 below `2^−126`; for
-/// callers that need that accuracy over speed (softcap's `tanh`).
+/// callers that need that accuracy over speed (softcap's `tanh`). NaN gives NaN.
 #[inline]
 #[target_feature(enable = "avx512f")]
 pub(in crate::cpu) fn exp2_poly_ps(x: __m512) -> __m512 {
     let x = _mm512_min_ps(
-        _mm512_max_ps(x, _mm512_set1_ps(EXP2_MIN)),
         _mm512_set1_ps(EXP2_MAX),
+        _mm512_max_ps(_mm512_set1_ps(EXP2_MIN), x),
     );
     let rounder = _mm512_set1_ps(ROUNDER);
     let t = _mm512_add_ps(x, rounder);
@@ -110,7 +111,7 @@ pub(in crate::cpu) fn exp2_poly_ps(x: __m512) -> __m512 {
 
 /// See [`super::exp2_shifted_panel`].
 #[target_feature(enable = "avx512f")]
-pub(super) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; LANES] {
+pub(crate) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; LANES] {
     // SAFETY: `shift` holds 16 f32.
     let s = unsafe { _mm512_loadu_ps(shift.as_ptr()) };
     // Two sums, so consecutive rows do not wait on each other's add.
@@ -146,7 +147,7 @@ pub(super) fn exp2_shifted_panel(x: &mut [f32], shift: &[f32; LANES]) -> [f32; L
 
 /// See [`super::exp2_shifted_sum`].
 #[target_feature(enable = "avx512f")]
-pub(super) fn exp2_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
+pub(crate) fn exp2_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
     let s = _mm512_set1_ps(shift);
     let mut acc = _mm512_setzero_ps();
     let mut chunks = x.chunks_exact_mut(LANES);

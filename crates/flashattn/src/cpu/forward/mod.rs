@@ -17,45 +17,41 @@
 //!
 //! The two panels of a pair share each broadcast of K and V (the microkernel's 12×2 register
 //! blocks; see `microkernel`). Keys both panels see are multiplied once for both, keys only one
-//! sees for that one, so a causal diagonal block costs about 8 wasted keys per row (about 4 with
-//! the AVX2 kernels, which leave a panel's lower 8 lanes out past the keys its first 8 queries
-//! see: `HighLanes`), and only panels crossing the mask boundary mask per element. Tasks start
-//! longest first (`schedule`).
+//! sees for that one, so a causal diagonal block costs about 8 wasted keys per row, and only
+//! panels crossing the mask boundary mask per element. Tasks start longest first (`schedule`).
 //! f32 K/V rows are read in place unless the tiles pack them (`tile_config`: long heads, or rows
 //! that alias in L1); packed or converted (f16/bf16) rows are kept by the thread for its next
 //! task on the same head when the head's K and V take at most 2 MiB as f32, else packed per key
 //! block (`key_rows`).
 //!
-//! Query rows are fetched into L2 [`PANELS_AHEAD`] panels ahead of their packing and output rows
-//! as many ahead of their writing (`prefetch`).
-//!
 //! Extra memory: one scratch per thread that runs tasks (Qᵀ, Oᵀ, Sᵀ panel, packed K/V rows),
 //! O(tile), kept by the thread from one call to the next (at most about 4 MiB: 2 MiB of tiles
 //! at head dim 512, 2 MiB of kept rows).
 
+pub(crate) mod key_rows;
+mod pieces;
+
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::decode;
-use super::exp::{LANES, within_exp_bound};
-use super::key_rows::{KeyRows, KeySource, PackedKeys};
-use super::lanes::lane_max;
-use super::line_buf::LineBuf;
-use super::matmul::Write;
-use super::microkernel::{
-    ColBounds, HIGH_LANE, HighLanes, PairOffsets, PanelStrides, panels_product, softmax_product,
-};
-use super::online_softmax::PanelSoftmax;
-use super::pieces::{Piece, contains, extend_run, leading, merged, pieces};
-use super::prefetch::prefetch_rows;
-use super::profile::{Section, TaskClock};
-use super::query_blocks::{block_cost, query_blocks};
-use super::schedule::for_each_in_runs;
-use super::score_mods::{ScoreMods, apply_mask, apply_score_mods};
-use super::tile_config::{ForwardTiles, MAX_BLOCK_Q, forward_tiles, l2_bytes, vendor};
-use super::transpose::transpose_scaled;
 use super::{SharedOut, call_number, with_thread_scratch};
 use crate::cpu::CpuElement;
+use crate::cpu::decode;
+use crate::cpu::forward::key_rows::{KeyRows, KeySource, PackedKeys};
+use crate::cpu::forward::pieces::{contains, merged, pieces};
+use crate::cpu::line_buf::LineBuf;
+use crate::cpu::online_softmax::PanelSoftmax;
+use crate::cpu::planning::query_blocks::{block_cost, query_blocks};
+use crate::cpu::planning::schedule::for_each_in_runs;
+use crate::cpu::planning::tile_config::{ForwardTiles, MAX_BLOCK_Q, forward_tiles, l2_bytes};
+use crate::cpu::profile::{Section, TaskClock};
+use crate::cpu::score_mods::{ScoreMods, apply_mask, apply_score_mods};
+use crate::cpu::simd::exp::LANES;
+use crate::cpu::simd::lanes::lane_max;
+use crate::cpu::simd::microkernel::{
+    NO_MAX, PairOffsets, PanelStrides, Write, join_max, panels_product, softmax_product,
+};
+use crate::cpu::simd::transpose::transpose_scaled;
 use crate::mask::Mask;
 use crate::problem::{Problem, RowLayout};
 
@@ -128,7 +124,7 @@ pub(crate) fn run<T: CpuElement>(
         (p.max_nk, span),
         ([p.k.row, p.v.row], T::as_f32_slice(x.k).is_some()),
         rows / rayon::current_num_threads(),
-        (vendor(), l2_bytes()),
+        l2_bytes(),
     );
     // Counted before the cheapest blocks are cut (see `query_blocks`).
     let by_head = (0..p.batch)
@@ -154,9 +150,8 @@ pub(crate) fn run<T: CpuElement>(
     // Longest first: with causal or windowed masks the tasks differ in size, and a long task
     // started last would leave the other threads idle. With many tasks a thread, longest first
     // within each (sequence, head) instead, so that a thread's run of tasks finds its head's K
-    // and V in its L2 rather than in memory (B=4, H=8, D=64, N=1024 causal, inputs beyond the
-    // L3: 304-316 -> 345-356 GFLOP/s on 2 threads, 140-152 -> 163-173 on one; B=1 within
-    // noise; 2026-11-23).
+    // and V in its L2 rather than in memory (12–15% where the inputs pass the L3; see
+    // BENCHMARKS.md).
     tasks.sort_by_key(|t| {
         let head = if by_head { (t.b, t.h) } else { (0, 0) };
         (head, std::cmp::Reverse(t.cost))
@@ -191,20 +186,9 @@ pub(crate) fn run<T: CpuElement>(
     for_each_in_runs(&tasks, runs, |t| t.cost, body);
 }
 
-/// How many panels ahead of the one it packs (or writes) a task fetches its query (output) rows
-/// into L2. Fetched into L1 two panels ahead, the rows of the panel at hand were evicted by the
-/// ones fetched for it (see `prefetch`); into L2, 3, 4, 6 and 8 panels ahead were alike within
-/// the noise (f32, B=1, H=8, D=64, N=1024, causal, 2 threads: 1.012, 1.013, 1.011, 1.012 times
-/// the old rate; Zen 4 VM, 2026-11-25).
-const PANELS_AHEAD: usize = 4;
-
 thread_local! {
-    /// Each thread's tile buffers, kept from call to call. Allocated per rayon job instead
-    /// (about 16 jobs a call at N=1024, each allocating and zeroing some 100 KiB), they cost
-    /// 1-5%: f32, B=1, H=8, D=64, 2 threads, `flashattn bench` GFLOP/s over five interleaved
-    /// rounds, per job → per thread: full N=128 309-360 → 361-383, N=256 410-421 → 416-433,
-    /// N=1024 428-444 → 438-450; causal N=256 302-327 → 296-340, N=1024 408-420 → 414-427
-    /// (2026-11-23).
+    /// Each thread's tile buffers, kept from call to call: allocated and zeroed per rayon job
+    /// instead, they cost 1–5% (see BENCHMARKS.md).
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
@@ -262,18 +246,20 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         let (d, dv) = (p.head_dim, p.head_dim_v);
         let panels = self.rows.len().div_ceil(LANES);
         sc.rows.resize(LANES * dv.max(d), 0.0);
-        // The output rows of later panels are fetched while this panel is written.
-        let prefetch = |panel: usize| {
-            if panel < panels {
-                let rows = self.lane_rows(&out.layout, panel);
-                out.prefetch_rows((rows.at, rows.stride), rows.count, dv);
-            }
-        };
-        (0..PANELS_AHEAD).for_each(prefetch);
         for panel in 0..panels {
-            prefetch(panel + PANELS_AHEAD);
             let ot = &mut sc.panels.ot[panel * dv * LANES..(panel + 1) * dv * LANES];
             let (inv, lse_panel) = sc.panels.softmax[panel].finish();
+            // A query that saw no key writes 0, even where its column took 0 · NaN from a NaN
+            // in a V row that other queries of the panel see.
+            if inv.contains(&0.0) {
+                for row in ot.chunks_exact_mut(LANES) {
+                    for (x, &f) in row.iter_mut().zip(&inv) {
+                        if f == 0.0 {
+                            *x = 0.0;
+                        }
+                    }
+                }
+            }
             let rows = self.lane_rows(&out.layout, panel);
             let size = (dv, rows.count);
             // f32 rows straight from the panel; other dtypes through a row buffer. Each lane's
@@ -328,15 +314,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
     /// multiplied for both at once; keys only one sees (the ends of a causal or window
     /// diagonal), for that one alone. Each panel's softmax and `Vᵀ·Pᵀ` cover only the keys it
     /// sees; the mask touches only its partly visible rows, and the maxima of the other rows
-    /// come from the products' registers. The rows of a panel whose scores all come from the
-    /// products (keys all its queries see, no score options), when their minima lie within 126
-    /// of its shifts, take their exponentials without the clamp (`exp2_shifted_panel_bounded`);
-    /// the masked rows of a diagonal after them keep it. On the 2-core Zen 1 VM (2026-11-29),
-    /// f32, B=1, H=8, D=64, N=1024, the exponentials' samples of a 1-thread full forward fell
-    /// from 842 to 743 (products 9070 → 9009; whole panels only), and the 2-thread rate over 10
-    /// interleaved rounds moved 1.004 full, 1.005 causal; the diagonals' unmasked rows too, the
-    /// exponentials' share of a 1-thread causal forward's samples 6.45% and 6.83% → 6.36% and
-    /// 5.95% (13k samples each), the 2-thread rates 1.000 full, 1.001 causal (10 rounds).
+    /// come from the products' registers.
     fn panel_pair(
         &self,
         sc: &mut Panels,
@@ -373,33 +351,14 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         let qt = &sc.qt[pair.start * d * LANES..pair.end * d * LANES];
         let ot = &mut sc.ot[pair.start * dv * LANES..pair.end * dv * LANES];
         let pieces = pieces(&seen, &full);
-        // Per panel, the end of the keys its lower lanes see: past it, the products need the
-        // upper lanes alone (a causal diagonal's last keys; see `HighLanes`).
-        let low_end: [usize; 2] = std::array::from_fn(|w| {
-            let q = &queries[w];
-            if q.len() <= HIGH_LANE {
-                return usize::MAX;
-            }
-            self.mask
-                .key_range_for_rows(q.start..q.start + HIGH_LANE)
-                .end
-        });
-        // The keys of `piece` past those ends, from its first: `Sᵀ`'s rows, `Pᵀ`'s steps.
-        let high_from = |piece: &Piece| -> [usize; 2] {
-            std::array::from_fn(|i| {
-                low_end[(piece.first + i).min(1)].saturating_sub(piece.keys.start)
-            })
-        };
-        // Per panel: the bounds of the scores the products gave exactly (rows every query of
+        // Per panel: the maxima of the scores the products gave exactly (rows every query of
         // the panel sees); rows of pieces that reach past `full` are maxed after the mask.
-        let mut exact = [ColBounds::EMPTY; 2];
-        // Per panel, the run of keys from its first exact piece on that `exact` covers.
-        let mut exact_keys: [Range<usize>; 2] = [0..0, 0..0];
+        let mut exact = [NO_MAX; 2];
         let mut shift = [[0f32; LANES]; 2];
         for piece in pieces.iter().flatten() {
             let (w, keys) = (piece.first, &piece.keys);
             let at = w * n * LANES + (keys.start - start) * LANES;
-            let piece_bounds = panels_product(
+            let piece_max = panels_product(
                 &mut st[at..],
                 k_rows.skip(keys.start - block.start),
                 &qt[w * d * LANES..],
@@ -416,21 +375,13 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                     c: n * LANES,
                 }),
                 Write::Overwrite,
-                HighLanes {
-                    rows: high_from(piece),
-                    ..HighLanes::NONE
-                },
             );
-            for (w, b) in piece.panels().zip(&piece_bounds) {
+            for (w, m) in piece.panels().zip(&piece_max) {
                 if contains(&full[w], keys) {
-                    exact[w].join(b);
-                    extend_run(&mut exact_keys[w], keys);
+                    join_max(&mut exact[w], m);
                 }
             }
         }
-        // Per panel, the keys whose scores all came from the products, unmasked and
-        // unmodified, when they lie within 126 of the shifts: their exponentials need no clamp.
-        let mut bounded: [Range<usize>; 2] = [0..0, 0..0];
         for (w, panel) in pair.clone().enumerate() {
             let keys = seen[w].clone();
             if keys.is_empty() {
@@ -439,7 +390,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             let q = &queries[w];
             let rows = (keys.start - start)..(keys.end - start);
             let st = &mut st[(w * n + rows.start) * LANES..(w * n + rows.end) * LANES];
-            let mut tile_max = Some(exact[w].max);
+            let mut tile_max = Some(exact[w]);
             if self.mods.any() {
                 let max = apply_score_mods(&self.mods, st, q.start, q.len(), keys.clone());
                 // Exact unless the mask hides some of these scores below.
@@ -463,9 +414,6 @@ impl<T: CpuElement> TaskCtx<'_, T> {
             }
             let ot = &mut ot[w * dv * LANES..(w + 1) * dv * LANES];
             shift[w] = sc.softmax[panel].rescale(st, tile_max, ot);
-            if !self.mods.any() && within_exp_bound(&exact[w].min, &shift[w]) {
-                bounded[w] = exact_keys[w].clone();
-            }
         }
         let mut sums = [[0f32; LANES]; 2];
         // One product per run of keys: the cuts for exact maxima do not matter here.
@@ -488,11 +436,6 @@ impl<T: CpuElement> TaskCtx<'_, T> {
                     c: dv * LANES,
                 }),
                 &[shift[w], shift[1.min(w + 1)]],
-                [w, 1.min(w + 1)].map(|w| leading(&bounded[w], keys)),
-                HighLanes {
-                    steps: high_from(piece),
-                    ..HighLanes::NONE
-                },
             );
             for (w, s) in piece.panels().zip(&piece_sums) {
                 for (total, x) in sums[w].iter_mut().zip(s) {
@@ -520,18 +463,7 @@ impl<T: CpuElement> TaskCtx<'_, T> {
         // its zeros.
         sc.panels.qt.resize(panels * d * LANES, 0.0);
         sc.rows.resize(LANES * d.max(p.head_dim_v), 0.0);
-        // The query rows of later panels are fetched while this panel is packed.
-        let prefetch = |panel: usize| {
-            if panel < panels {
-                let rows = self.lane_rows(&p.q, panel);
-                let q = self.x.q;
-                let at = (rows.at, rows.stride);
-                prefetch_rows(q.as_ptr(), q.len(), at, (rows.count, d));
-            }
-        };
-        (0..PANELS_AHEAD).for_each(prefetch);
         for panel in 0..panels {
-            prefetch(panel + PANELS_AHEAD);
             let rows = self.lane_rows(&p.q, panel);
             let n = rows.count;
             let qt = &mut sc.panels.qt[panel * d * LANES..(panel + 1) * d * LANES];

@@ -3,25 +3,20 @@
 //! 1. `D = rowsum(dO∘O)` per (sequence, query head, query).
 //! 2. One task per (sequence, key/value head), or per part of one when there are too few of
 //!    those for the threads: a run of the group's query heads, or a chunk of the key blocks
-//!    (`backward_split`). A task walks its key blocks; each keeps its dK and dV in f32 while
+//!    (`split`). A task walks its key blocks; each keeps its dK and dV in f32 while
 //!    the query tiles of the task's heads that see it pass by (whole tiles outside the mask are
-//!    never visited), see [`super::backward_block`].
+//!    never visited), see [`crate::cpu::backward::block`].
 //! 3. A task that has every key block sums its dQ in its thread's scratch and writes its dq rows
-//!    when its last key block is done, while they are still in cache. f32, B=1, H=8, D=64,
-//!    N=1024, `backward_into`, ratio to per-chunk partials, median over 8–20 interleaved
-//!    rounds (Zen 4 VM, 2026-11-24): two threads full 1.018, causal 1.023; one thread full
-//!    1.009, causal 1.015. Chunks of key blocks accumulate dQ in f32 partial buffers (`O(N·D)`
+//!    when its last key block is done, while they are still in cache (faster than per-chunk
+//!    partials; see BENCHMARKS.md). Chunks of key blocks accumulate dQ in f32 partial buffers (`O(N·D)`
 //!    each; the rows of one (sequence, key/value head) are one slice, so tasks own disjoint
 //!    slices), summed into dq at the end; runs of query heads write their dK and dV rows to
 //!    f32 partials, summed into dk and dv at the end.
 //!
 //! The loops that read or write strided rows once a call per head (the packing of Q, dO, K and
 //! V, the writes of dK, dV and dQ) ask for the rows a few on from the current one
-//! ([`RowsAhead::ahead_of`](super::prefetch::RowsAhead::ahead_of)): rows a head apart
-//! otherwise each wait on memory. Measured on the 2-vCPU Zen 4 VM (2026-11-24), f32, B=1, H=8,
-//! D=64, N=1024, `backward_into`, % of the sgemm rate timed in the same round, median over
-//! 8–10 interleaved rounds, ratio with/without: one thread full 1.010, causal 1.022; two
-//! threads full 1.015, causal 1.020. The passes over every head's rows (`D`, the sums of the
+//! ([`RowsAhead::ahead_of`](crate::cpu::prefetch::RowsAhead::ahead_of)): rows a head apart
+//! otherwise each wait on memory (see BENCHMARKS.md). The passes over every head's rows (`D`, the sums of the
 //! partials) go in memory order instead ([`for_each_row`]).
 //!
 //! Extra memory: the partials (`chunks ·` the size of dq, or `runs ·` the size of dk and dv, in
@@ -29,18 +24,22 @@
 //! dQ rows of the task's sequence and heads among them), kept by the thread from one call to the
 //! next when they take at most 8 MiB ([`KEPT_SCRATCH_BYTES`]).
 
+mod bias_grad;
+mod block;
+mod split;
+
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::schedule::{for_each_owned, for_each_queued};
+use crate::cpu::planning::schedule::{for_each_owned, for_each_queued};
 
-use super::backward_block::{BlockCtx, Scratch, Sinks, padded};
-use super::backward_split::{Split, chunk_blocks, key_part_len, sequence_costs};
-use super::bias_grad::BiasGrad;
-use super::elementwise::dot;
-use super::line_buf::LineBuf;
 use super::{SharedOut, call_number, with_thread_scratch};
 use crate::cpu::CpuElement;
+use crate::cpu::backward::bias_grad::BiasGrad;
+use crate::cpu::backward::block::{BlockCtx, Scratch, Sinks, padded};
+use crate::cpu::backward::split::{Split, chunk_blocks, key_part_len, sequence_costs};
+use crate::cpu::line_buf::LineBuf;
+use crate::cpu::simd::elementwise::dot;
 use crate::problem::{Problem, RowLayout, Seq};
 
 pub(crate) struct Inputs<'a, T> {
@@ -79,17 +78,8 @@ struct BackwardTiles {
 /// of 128 keys up to head dim 256, 64 beyond, so that a key block's packed `αKᵀ`, `Vᵀ`, `αK`
 /// and its dK/dV accumulators (five `block_k × dim` f32 buffers: 160 KiB at d = 64, 640 KiB at
 /// d = 256 and, with 64 keys, at d = 512) stay in a 1 MiB L2 with the tile's S and dP (64 KiB
-/// each).
-///
-/// Measured on the 2-core Zen 5 VM (AVX-512 kernels, 2026-11-23), f32, `backward_into`, 2
-/// threads, fastest call in two rounds, µs, 64×64 (the earlier tiles, chosen on the device
-/// machine's Xeon with AVX2 kernels) → 128×128: H=8, N=1024, D=64 full 13339–13501 →
-/// 12611–12653, causal 7217–7335 → 6911–6982 (128×64, 64×128, 256×128, 128×256, 256×256,
-/// 192×128 within 2% of 128×128; 32×64 and 64×32 slower); N=4096 full 198794–199254 →
-/// 187137–187371, causal 103033–103429 → 97079–98429; D=32 full 7021–7132 → 6598–6807;
-/// D=128 full 25923–26097 → 25038–25113 (128×64 the same); D=256 full 52274–53511 →
-/// 49979–50916; H=1, N=4096 full 24626–25787 → 23600–24145. At D=512 128×64 and 128×128
-/// were within noise of 64×64 (100829–107941 µs).
+/// each). 128×128 beat the earlier 64×64 by 3–6% at every head dim up to 256 (see
+/// BENCHMARKS.md).
 fn backward_tiles(d: usize, dv: usize) -> BackwardTiles {
     BackwardTiles {
         block_q: 128,
@@ -246,13 +236,9 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
 
 /// The most bytes of tile buffers a thread keeps for its next task, in this call or the next:
 /// a thread's scratch (the packed Q and dO rows of a task's sequence and heads, its dQ, the key
-/// block's tiles) is freed after a task that made it larger. Allocated per rayon job instead
-/// (`for_each_init`, about one a task at B=1, H=8), a job's fresh buffers were faulted in again
-/// whenever the allocator had given the last job's back to the system, which depended on the
-/// process's history: f32, B=1, H=8, D=64, `backward_into`, 2 threads, median of 8 interleaved
-/// rounds, kept against per job, full / causal: in one process N=1024 1.085 / 1.005 and
-/// B=4, N=256 1.227 / 1.033 (one thread: 1.089 / 1.015 and 1.109 / 1.006); in another, after
-/// the same calls had run both ways, 0.997 / 1.004 and 1.012 / 1.020 (Zen 4 VM, 2026-11-24).
+/// block's tiles) is freed after a task that made it larger. Allocated per rayon job instead, a
+/// job's fresh buffers were faulted in again whenever the allocator had given the last job's
+/// back to the system (see BENCHMARKS.md).
 const KEPT_SCRATCH_BYTES: usize = 8 << 20;
 
 thread_local! {
@@ -355,9 +341,7 @@ fn split_tasks<'a>(
 /// `D[b, h, i] = Σ dO∘O` over the value dimension, indexed like the log-sum-exp, in O's memory
 /// order ([`for_each_row`]). f16 and bf16 rows are widened a row at a time with the CPU's
 /// conversion instructions first: element by element (one conversion call each, with its
-/// run-time F16C check), this pass took a sizeable share of the call. B=1, H=8,
-/// D=64, N=1024, `backward_into`, 2 threads, median over 10 interleaved rounds: f16 1.025×
-/// (full) and 1.045× (causal), bf16 1.008× and 1.025× (Zen 4 VM, 2026-11-24).
+/// run-time F16C check), this pass took a sizeable share of the call (see BENCHMARKS.md).
 fn row_deltas<T: CpuElement>(p: &Problem, x: &Inputs<'_, T>, l: &Layouts) -> Vec<f32> {
     let mut delta = vec![0f32; p.lse_shape().iter().product()];
     let out = SharedOut::new(&mut delta, RowLayout::default());
@@ -397,10 +381,7 @@ enum Rows {
 /// are contiguous (`[B, H, N, D]`).
 ///
 /// Head by head over all rows instead, each `[B, N, H, D]` row waited on its page's
-/// translation more than on its data (on the 2-vCPU Zen 4 VM with 4 KiB pages): f32, B=1, H=8,
-/// D=64, N=1024, `backward_into`, `D`'s pass took 0.9% → 0.5% of one thread's call (full) and
-/// 1.7% → 0.8% (causal); two threads, median over 12 interleaved rounds, the whole call 1.006×
-/// (full) and 1.014× (causal) as fast (2026-11-24). `[B, H, N, D]` is as before (0.6%, 1.1%).
+/// translation more than on its data (see BENCHMARKS.md).
 fn for_each_row<F>(p: &Problem, rows: Rows, layout: &RowLayout, f: F)
 where
     F: Fn(&mut Vec<f32>, usize, usize, usize) + Sync,
@@ -432,17 +413,12 @@ where
 }
 
 /// The most rows per task of [`for_each_row`], which takes fewer where they would leave it
-/// fewer than four tasks a thread: at N=256 and 128 (B=1, H=8) one or two 256-row tasks kept
-/// one thread waiting on the other, and with the smaller tasks `backward_into` ran 1.026× and
-/// 1.024× (full), 1.033× and 1.034× (causal) as fast; at N=1024 1.000–1.004 either layout
-/// (2026-11-24). As the most, 64 and 256 were the same with `[B, N, H, D]`; 256 took 5% less
-/// with `[B, H, N, D]`, whose rows it reads head by head.
+/// fewer than four tasks a thread: at N ≤ 256 one or two 256-row tasks kept one thread waiting
+/// on the other (see BENCHMARKS.md).
 const CHUNK_ROWS: usize = 256;
 
-/// `dq = factor · Σ_chunk partial`, converted to `T` and written in dq's memory order (head by
-/// head over all rows before: f32, B=1, H=8 query heads on one key/value head, D=64, N=1024,
-/// `backward_into` on two threads, four chunks, median over 12 interleaved rounds: the whole
-/// call 1.025× (full) and 1.037× (causal) as fast; 2026-11-24).
+/// `dq = factor · Σ_chunk partial`, converted to `T` and written in dq's memory order (faster
+/// than head by head over all rows; see BENCHMARKS.md).
 fn sum_partials<T: CpuElement>(
     p: &Problem,
     partials: &[f32],

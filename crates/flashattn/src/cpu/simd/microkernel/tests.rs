@@ -1,13 +1,5 @@
 use super::*;
-use crate::cpu::exp::shift_rounding;
-
-/// Every level this CPU runs, lowest first.
-fn levels() -> Vec<Simd> {
-    [Simd::Portable, Simd::Avx2, Simd::Avx512]
-        .into_iter()
-        .filter(|&s| s <= cpu_simd())
-        .collect()
-}
+use crate::cpu::simd::exp::shift_rounding;
 
 /// A, B (`W` panels, rows a little wider than 16), the strides and the panels' offsets of a
 /// `rows × k` product whose A has strides `(a_rs, a_cs)` and whose C rows are 17 apart.
@@ -38,7 +30,7 @@ fn operands<const W: usize>(
 fn check<const W: usize>(rows: usize, k: usize, a_rs: usize, a_cs: usize) {
     let (a, b, st, pair) = operands::<W>(rows, k, (a_rs, a_cs));
     let (b_rs, c_rs) = (st.b_rs, st.c_rs);
-    for simd in levels() {
+    for simd in Simd::available() {
         for write in [Write::Overwrite, Write::Accumulate] {
             let init = if write == Write::Overwrite {
                 f32::NAN
@@ -46,18 +38,12 @@ fn check<const W: usize>(rows: usize, k: usize, a_rs: usize, a_cs: usize) {
                 1.0
             };
             let mut c = vec![init; pair.c * W];
-            let none = HighLanes::NONE;
-            let bounds = product::<W>(simd, &mut c, &a, &b, rows, k, st, pair, write, none);
+            let col_max = product::<W>(simd, &mut c, &a, &b, rows, k, st, pair, write);
             for w in 0..W {
                 for j in 0..PANEL {
                     let column = (0..rows).map(|r| c[w * pair.c + r * c_rs + j]);
-                    let want = column.clone().fold(f32::NEG_INFINITY, f32::max);
-                    assert_eq!(bounds[w].max[j], want, "{simd} max of panel {w} lane {j}");
-                    // The minimum where the kernel keeps it (all but AVX-512's), else −∞.
-                    let min = column.fold(f32::INFINITY, f32::min);
-                    let unkept = simd == Simd::Avx512 && k > 0;
-                    let want = if unkept { f32::NEG_INFINITY } else { min };
-                    assert_eq!(bounds[w].min[j], want, "{simd} min of panel {w} lane {j}");
+                    let want = column.fold(f32::NEG_INFINITY, f32::max);
+                    assert_eq!(col_max[w][j], want, "{simd} max of panel {w} lane {j}");
                 }
                 for r in 0..rows {
                     for j in 0..PANEL {
@@ -119,17 +105,7 @@ fn a_pair_equals_its_panels_one_at_a_time() {
     };
     let mut both = vec![f32::NAN; 2 * rows * PANEL];
     let (pair_, write) = (Some(pair), Write::Overwrite);
-    let bounds = panels_product(
-        &mut both,
-        &a,
-        &b,
-        rows,
-        k,
-        st,
-        pair_,
-        write,
-        HighLanes::NONE,
-    );
+    let col_max = panels_product(&mut both, &a, &b, rows, k, st, pair_, write);
     for w in 0..2 {
         let mut one = vec![f32::NAN; rows * PANEL];
         let [alone, none] = panels_product(
@@ -141,12 +117,9 @@ fn a_pair_equals_its_panels_one_at_a_time() {
             st,
             None,
             Write::Overwrite,
-            HighLanes::NONE,
         );
-        assert_eq!(none.max, [f32::NEG_INFINITY; PANEL]);
-        assert_eq!(none.min, [f32::INFINITY; PANEL]);
-        assert_eq!(alone.max, bounds[w].max);
-        assert_eq!(alone.min.map(f32::to_bits), bounds[w].min.map(f32::to_bits));
+        assert_eq!(none, [f32::NEG_INFINITY; PANEL]);
+        assert_eq!(alone, col_max[w]);
         assert_eq!(one[..], both[w * pair.c..(w + 1) * pair.c]);
     }
 }
@@ -175,7 +148,6 @@ fn side_by_side_panels_match_one_at_a_time() {
         st,
         Some(pair),
         Write::Accumulate,
-        HighLanes::NONE,
     );
     for w in 0..2 {
         let s = w * PANEL;
@@ -188,7 +160,6 @@ fn side_by_side_panels_match_one_at_a_time() {
             st,
             None,
             Write::Accumulate,
-            HighLanes::NONE,
         );
     }
     assert_eq!(both, one);
@@ -206,17 +177,7 @@ fn overlapping_pair_panels_are_refused() {
     let (a, b) = (vec![1.0; 16], vec![1.0; 4 * PANEL]);
     let mut c = vec![0.0; 8 * PANEL];
     let pair = PairOffsets { b: 0, c: 2 * PANEL };
-    panels_product(
-        &mut c,
-        &a,
-        &b,
-        4,
-        4,
-        st,
-        Some(pair),
-        Write::Overwrite,
-        HighLanes::NONE,
-    );
+    panels_product(&mut c, &a, &b, 4, 4, st, Some(pair), Write::Overwrite);
 }
 
 /// The fused softmax product against f64, on `W` panels, for every level and for A with unit
@@ -246,22 +207,11 @@ fn check_softmax<const W: usize>(rows: usize, k: usize, a_rs: usize, a_cs: usize
         })
         .collect();
     let shift: [ColMax; W] = std::array::from_fn(|w| std::array::from_fn(|l| 7.0 + (w + l) as f32));
-    for simd in levels() {
+    for simd in Simd::available() {
         let mut b = scores.clone();
         let mut c = vec![1.0f32; pair.c * W];
-        let sums = softmax_product::product_exp::<W>(
-            simd,
-            &mut c,
-            &a,
-            &mut b,
-            rows,
-            k,
-            st,
-            pair,
-            &shift,
-            [0; W],
-            HighLanes::NONE,
-        );
+        let sums =
+            softmax_product::product_exp::<W>(simd, &mut c, &a, &mut b, rows, k, st, pair, &shift);
         for w in 0..W {
             let p = |l: usize, j: usize| {
                 (scores[w * pair.b + l * PANEL + j] as f64 - shift[w][j] as f64).exp2()
@@ -325,73 +275,6 @@ fn softmax_product_matches_f64_for_every_size_and_level() {
     }
 }
 
-/// The exponentials of B's first rows without their clamp (`bounded`), where those rows lie
-/// within the bound and the rows after them hold masked and far-below scores: the same `Pᵀ`
-/// and C, bit for bit, as with every row clamped, and the same sums up to their order.
-#[test]
-fn softmax_product_leaves_the_clamp_out_of_bounded_rows_alone() {
-    let (rows, k) = (13, 40);
-    let st = PanelStrides {
-        a_rs: 1,
-        a_cs: rows + 3,
-        b_rs: PANEL,
-        c_rs: PANEL,
-    };
-    let pair = PairOffsets {
-        b: PANEL * k,
-        c: PANEL * rows,
-    };
-    let a: Vec<f32> = (0..rows + k * st.a_cs)
-        .map(|i| (i as f32 * 0.41).sin())
-        .collect();
-    let shift: [ColMax; 2] = std::array::from_fn(|w| std::array::from_fn(|l| 3.5 + (w + l) as f32));
-    for within in [0, 1, 17, 39, 40] {
-        // Rows before `within`: at most 100 below the shift; after: −∞ and −300 among them.
-        let scores: Vec<f32> = (0..2 * pair.b)
-            .map(|i| {
-                let row = (i % pair.b) / PANEL;
-                match (row < within, i % 7) {
-                    (true, _) => (i as f32 * 0.31).cos() * 50.0 - 40.0,
-                    (false, 2) => f32::NEG_INFINITY,
-                    (false, 5) => -300.0,
-                    (false, _) => (i as f32 * 0.17).sin() * 6.0,
-                }
-            })
-            .collect();
-        for simd in levels() {
-            let run = |bounded: [usize; 2]| {
-                let mut b = scores.clone();
-                let mut c = vec![0.5f32; 2 * pair.c];
-                let sums = softmax_product::product_exp::<2>(
-                    simd,
-                    &mut c,
-                    &a,
-                    &mut b,
-                    rows,
-                    k,
-                    st,
-                    pair,
-                    &shift,
-                    bounded,
-                    HighLanes::NONE,
-                );
-                (b, c, sums)
-            };
-            let (b0, c0, s0) = run([0, 0]);
-            let (b1, c1, s1) = run([within, within]);
-            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&b0), bits(&b1), "{simd} within {within}: Pᵀ");
-            assert_eq!(bits(&c0), bits(&c1), "{simd} within {within}: C");
-            for (x, y) in s0.iter().flatten().zip(s1.iter().flatten()) {
-                assert!(
-                    (x - y).abs() <= 1e-6 * x.abs(),
-                    "{simd} within {within}: {x} vs {y}"
-                );
-            }
-        }
-    }
-}
-
 /// Checks [`softmax_grad::grad`] against f64 sums on `W` panels, for every level: `C = P∘(A·B −
 /// D)`, nothing written outside C's panels.
 fn check_grad<const W: usize>(rows: usize, k: usize, a_rs: usize, a_cs: usize) {
@@ -401,7 +284,7 @@ fn check_grad<const W: usize>(rows: usize, k: usize, a_rs: usize, a_cs: usize) {
         .map(|i| (i as f32 * 0.23).sin().abs())
         .collect();
     let delta: Vec<f32> = (0..rows).map(|r| (r as f32 * 0.7).cos()).collect();
-    for simd in levels() {
+    for simd in Simd::available() {
         let mut c = vec![f32::NAN; pair.c * W];
         softmax_grad::grad::<W>(simd, &mut c, &a, &b, (rows, k), st, pair, (&p, &delta));
         for w in 0..W {
@@ -434,68 +317,6 @@ fn softmax_grad_product_matches_f64_for_every_size_and_level() {
             for (a_rs, a_cs) in [(k + 3, 1), (1, rows + 3), (2, 2 * rows + 1)] {
                 check_grad::<1>(rows, k, a_rs, a_cs);
                 check_grad::<2>(rows, k, a_rs, a_cs);
-            }
-        }
-    }
-}
-
-/// With [`HighLanes`], the lanes that matter (the lower 8 before the cut row, the upper 8
-/// everywhere) come out as without it, for B whose lower lanes are 0 from the cut step on, and
-/// the bounds of the upper lanes too; the AVX2 kernel stores −∞ in the lower lanes of the rows
-/// past the cut when overwriting.
-#[test]
-fn upper_lanes_alone_past_the_cuts_change_no_lane_that_matters() {
-    let (rows, k) = (19, 23);
-    for (cut_rows, cut_steps) in [
-        ([0, 19], [0, 23]),
-        ([5, 8], [9, 0]),
-        ([13, usize::MAX], [23, 4]),
-    ] {
-        let (a, mut b, st, pair) = operands::<2>(rows, k, (k + 3, 1));
-        for w in 0..2 {
-            for l in cut_steps[w].min(k)..k {
-                b[w * pair.b + l * st.b_rs..][..HIGH_LANE].fill(0.0);
-            }
-        }
-        let high = HighLanes {
-            rows: cut_rows,
-            steps: cut_steps,
-        };
-        for simd in levels() {
-            for write in [Write::Overwrite, Write::Accumulate] {
-                let run = |high| {
-                    let mut c = vec![0.25f32; 2 * pair.c];
-                    let bounds = product::<2>(simd, &mut c, &a, &b, rows, k, st, pair, write, high);
-                    (c, bounds)
-                };
-                let ((want, want_bounds), (got, got_bounds)) = (run(HighLanes::NONE), run(high));
-                for w in 0..2 {
-                    for r in 0..rows {
-                        let row = w * pair.c + r * st.c_rs;
-                        let lanes = if r < cut_rows[w] { 0 } else { HIGH_LANE };
-                        for j in lanes..PANEL {
-                            let (x, y) = (want[row + j], got[row + j]);
-                            assert!((x - y).abs() <= 1e-6, "{simd} {write:?} {w} {r} {j}");
-                        }
-                        let past = simd == Simd::Avx2 && write == Write::Overwrite;
-                        if past && r >= cut_rows[w] {
-                            assert!(
-                                got[row..row + HIGH_LANE]
-                                    .iter()
-                                    .all(|&x| x == f32::NEG_INFINITY)
-                            );
-                        }
-                    }
-                    let upper = HIGH_LANE..PANEL;
-                    for (x, y) in [
-                        (&want_bounds[w].max, &got_bounds[w].max),
-                        (&want_bounds[w].min, &got_bounds[w].min),
-                    ] {
-                        for j in upper.clone() {
-                            assert!((x[j] - y[j]).abs() <= 1e-6, "{simd} {write:?} bound {j}");
-                        }
-                    }
-                }
             }
         }
     }

@@ -4,23 +4,17 @@
 //! product, then that function over the stored rows.
 //!
 //! As a pass of its own over the stored `dP` (load it and P, store `dS`), it waited on its
-//! stores: in a two-thread profile of the f32 backward (B=1, H=8, D=64, N=1024, Zen 4 VM,
-//! 2026-11-25) that pass took 1.5% of a full call and 2.7% of a causal one, three quarters of
-//! it on the store. Fused, the whole backward ran 1.012–1.015× (full) and 1.018–1.019×
-//! (causal) as fast (median of 21 interleaved rounds, two runs each).
+//! stores; fused, the backward runs 1–2% faster (see BENCHMARKS.md).
 //!
 //! The epilogue is compiled into kernels of its own (the kernels' `GRAD`). With a run-time
 //! choice in every kernel's store instead (this epilogue and an exponential one, `P = 2^(S −
 //! lse)`, side by side), the plain kernels kept the epilogues' constants in registers and the
-//! forward ran at less than half its rate. The exponential epilogue, compiled apart or run out
-//! of line on each block's rows, gained nothing over the backward's separate exp pass (causal
-//! 0.837–1.017×, full 0.807–1.016×) and was dropped.
+//! forward ran at less than half its rate. An exponential epilogue, compiled apart or run out
+//! of line on each block's rows, gained nothing over the backward's separate exp pass.
 
-#[cfg(target_arch = "x86_64")]
-use super::{Block, GradRows, check_ab};
-use super::{HighLanes, PANEL, PairOffsets, PanelStrides, check_c, product};
-use crate::cpu::matmul::Write;
-use crate::cpu::simd::{Simd, cpu_simd};
+use super::Write;
+use super::{Block, GradRows, PANEL, PairOffsets, PanelStrides, check_ab, check_c, product};
+use crate::cpu::simd::{Kernels, Simd, cpu_simd};
 
 /// `C[r] = P[r] ∘ (A[r]·B − delta[r])` for every row `r` of C (`rows × 16`, one panel or two
 /// as in [`super::panels_product`]), where P holds a panel (or two) at the same offsets and
@@ -66,10 +60,9 @@ pub(super) fn grad<const W: usize>(
         delta.len() >= rows,
         "softmax grad product: a row's D missing"
     );
-    debug_assert!(simd <= cpu_simd());
+    let kernels = &Kernels::of(simd).panels;
     // The epilogue kernels read A by rows (`a_rs != 1`), as the backward's dO is.
-    #[cfg(target_arch = "x86_64")]
-    if simd == Simd::Avx512 && k > 0 && st.a_rs != 1 {
+    if kernels.grad && k > 0 && st.a_rs != 1 {
         check_ab::<W>(a.len(), b.len(), rows, k, st, pair);
         let grad = GradRows {
             p: p.as_ptr(),
@@ -80,24 +73,13 @@ pub(super) fn grad<const W: usize>(
             ..Block::new(c.as_mut_ptr(), a.as_ptr(), b.as_ptr(), k, st, pair)
         };
         let mut col_max = [[f32::NEG_INFINITY; PANEL]; W];
-        // SAFETY: AVX-512F is available (simd ≤ cpu_simd); C, A, B and P lie inside their
-        // slices and `delta` holds a value per row (checked above); C, borrowed mutably,
+        // SAFETY: the level's kernels run on this CPU (`Kernels::of`); C, A, B and P lie inside
+        // their slices and `delta` holds a value per row (checked above); C, borrowed mutably,
         // overlaps neither A, B, P nor its other panel.
-        unsafe { super::avx512::product(block, rows, &mut col_max) };
+        unsafe { (kernels.product)(block, rows, &mut col_max) };
         return;
     }
-    product::<W>(
-        simd,
-        c,
-        a,
-        b,
-        rows,
-        k,
-        st,
-        pair,
-        Write::Overwrite,
-        HighLanes::NONE,
-    );
+    product::<W>(simd, c, a, b, rows, k, st, pair, Write::Overwrite);
     for w in 0..W {
         for (r, &d) in delta[..rows].iter().enumerate() {
             let at = w * pair.c + r * st.c_rs;
