@@ -9,6 +9,7 @@
 
 pub mod compile;
 pub(crate) mod device;
+mod disk_cache;
 pub(crate) mod forward;
 pub(crate) mod params;
 pub(crate) mod standard;
@@ -16,8 +17,8 @@ pub(crate) mod storage;
 pub(crate) mod tile_config;
 
 pub use compile::{
-    CompileRecord, KernelSource, cache_dir, compile_ptx, compile_records, measure_compile,
-    nvrtc_version,
+    CompileRecord, KernelSource, cache_dir, compile_ptx, compile_records, forget_loaded_kernels,
+    measure_compile, nvrtc_version,
 };
 pub use device::{MemoryUse, device_count, memory_use, reset_memory_peak};
 
