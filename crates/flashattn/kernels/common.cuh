@@ -212,9 +212,14 @@ __device__ __forceinline__ const float* bias_row_ptr(const FlashParams& p, const
 // `m` is -inf until the row has seen a visible key; exp2 of (-inf - 0) is 0, never NaN.
 __device__ __forceinline__ float softmax_shift(float m) { return m == NEG_INF ? 0.f : m; }
 
-// Natural-log LSE of a finished row: -inf when it saw no key.
+// A NaN score is skipped by the running max (fmaxf) but reaches the sum through its exp2, so a row
+// whose visible scores hold a NaN ends with l = NaN: its output and LSE become NaN, as in peers.
+// Masked keys are -inf before the exp2, so a NaN there never reaches a row that does not see it.
+
+// Natural-log LSE of a finished row: -inf when it saw no key (l = 0), NaN when l is NaN.
 __device__ __forceinline__ float softmax_lse(float m_log2, float l) {
-    return l > 0.f ? (m_log2 + log2f(l)) * LN2 : NEG_INF;
+    return l == 0.f ? NEG_INF : (m_log2 + log2f(l)) * LN2;
 }
 
-__device__ __forceinline__ float softmax_inv_sum(float l) { return l > 0.f ? 1.f / l : 0.f; }
+// 1 / l, 0 for a row that saw no key (its O is 0), NaN when l is NaN.
+__device__ __forceinline__ float softmax_inv_sum(float l) { return l == 0.f ? 0.f : 1.f / l; }

@@ -158,6 +158,6 @@ extern "C" __global__ void __launch_bounds__(GT) flash_fwd_general(const FlashPa
         }
         if (c8 == 0)
             p.lse[s.b * p.lse_batch + s.h * p.lse_head + s.q_row0 + i] =
-                (l > 0.f ? (float)(row_max[t] + log((double)l)) : NEG_INF);
+                (l == 0.f ? NEG_INF : (float)(row_max[t] + log((double)l)));
     }
 }

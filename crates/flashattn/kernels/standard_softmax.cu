@@ -153,8 +153,9 @@ extern "C" __global__ void __launch_bounds__(SOFTMAX_THREADS) standard_softmax(c
     const i64 bias_row = p.bias_offset + (i64)b * p.bias_stride[0] + (i64)h * p.bias_stride[1] +
                          (i64)i * p.bias_stride[2];
 
-    // Pass 1: the score mods, each rounded to T as stored; the row maximum over visible keys.
-    float m = NEG_INF;
+    // Pass 1: the score mods, each rounded to T as stored; the row maximum over visible keys,
+    // NaN when one of them is NaN (then P and the LSE are NaN, as in peers).
+    float m = NEG_INF, nan = 0.0f;
     for (int j = threadIdx.x; j < p.max_nk; j += SOFTMAX_THREADS) {
         if (j < lo || j >= hi) continue;
         float s = to_f32(row[j]);
@@ -166,8 +167,10 @@ extern "C" __global__ void __launch_bounds__(SOFTMAX_THREADS) standard_softmax(c
         }
         row[j] = from_f32(s);
         m = fmaxf(m, s);
+        if (s != s) nan = 1.0f;
     }
     m = block_reduce(m, true, red);
+    if (block_reduce(nan, true, red) != 0.0f) m = __int_as_float(0x7fffffff);
 
     // Pass 2: the sum of exponentials (f32).
     float sum = 0.0f;
