@@ -35,6 +35,9 @@ pub struct KernelSource {
     pub entry: String,
 }
 
+/// Scalar types and dtype conversions (`kernels/types.cuh`): the first header of every kernel.
+pub(crate) const TYPES_HEADER: &str = include_str!("../../kernels/types.cuh");
+
 /// How one kernel variant was made ready on a GPU (a miss of the in-memory cache).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CompileRecord {
