@@ -29,8 +29,8 @@ __device__ __forceinline__ T softmax_shift(T m) {
     return m == (T)NEG_INF ? (T)0 : m;
 }
 
-// exp(x - shift): in f32 one FFMA (contracted: NVRTC runs with --fmad=true) and ex2.approx; in f64 the difference is taken before rounding,
-// so at scores of ~1e4 it carries no f32 rounding of x.
+// exp(x - shift): in f32 one FFMA (contracted: NVRTC runs with --fmad=true) and ex2.approx; in
+// f64 the difference is taken before rounding, so at scores of ~1e4 it carries no f32 rounding of x.
 __device__ __forceinline__ float softmax_exp(float x, float shift, float mult) {
     return fast_exp2(x * mult - shift * mult);
 }
