@@ -211,10 +211,8 @@ fn records() -> &'static Mutex<Vec<CompileRecord>> {
     RECORDS.get_or_init(Default::default)
 }
 
-/// Test support: forgets every loaded kernel, so that the next use of each goes to the disk cache
-/// (or NVRTC) again.
-#[doc(hidden)]
-pub fn forget_loaded_kernels() {
+/// Forgets the loaded kernels of [`function`] (see [`super::forget_loaded_kernels`]).
+pub(crate) fn forget_functions() {
     function_cache()
         .lock()
         .unwrap_or_else(|p| p.into_inner())

@@ -186,6 +186,19 @@ pub fn kernel_sources() -> Vec<KernelSource> {
     out
 }
 
+type ReadyKey = (usize, Path, DType, Options);
+
+/// The kernels [`launchable`] has made ready, by GPU and variant.
+fn ready() -> &'static Mutex<HashMap<ReadyKey, CudaFunction>> {
+    static READY: OnceLock<Mutex<HashMap<ReadyKey, CudaFunction>>> = OnceLock::new();
+    READY.get_or_init(Default::default)
+}
+
+/// Forgets the kernels made ready (see [`super::forget_loaded_kernels`]).
+pub(crate) fn forget_launchable() {
+    ready().lock().unwrap_or_else(|e| e.into_inner()).clear();
+}
+
 /// A variant's loaded kernel with its shared-memory limit raised, by a small key: after the first
 /// call a launch costs one hash lookup, not the building and comparing of its source.
 fn launchable(
@@ -195,9 +208,7 @@ fn launchable(
     opts: Options,
     shared: usize,
 ) -> Result<CudaFunction> {
-    type Key = (usize, Path, DType, Options);
-    static READY: OnceLock<Mutex<HashMap<Key, CudaFunction>>> = OnceLock::new();
-    let ready = READY.get_or_init(Default::default);
+    let ready = ready();
     let key = (g.ordinal, *path, dtype, opts);
     if let Some(f) = ready.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(f.clone());

@@ -17,8 +17,8 @@ pub(crate) mod storage;
 pub(crate) mod tile_config;
 
 pub use compile::{
-    CompileRecord, KernelSource, cache_dir, compile_ptx, compile_records, forget_loaded_kernels,
-    measure_compile, nvrtc_version,
+    CompileRecord, KernelSource, cache_dir, compile_ptx, compile_records, measure_compile,
+    nvrtc_version,
 };
 pub use device::{MemoryUse, device_count, memory_use, reset_memory_peak};
 
@@ -28,6 +28,14 @@ pub fn kernel_sources() -> Vec<KernelSource> {
     let mut all = forward::kernel_sources();
     all.extend(standard::kernel_sources());
     all
+}
+
+/// Test support: forgets every loaded kernel, so that the next use of each goes to the disk cache
+/// (or NVRTC) again, as in a new process.
+#[doc(hidden)]
+pub fn forget_loaded_kernels() {
+    forward::forget_launchable();
+    compile::forget_functions();
 }
 
 /// True when a CUDA driver and at least one GPU are present.
