@@ -1,11 +1,12 @@
 // FlashAttention-2 forward on tensor cores (f16/bf16 in, f32 accumulation), composed from the
-// shared headers (types, block_info, mask, softmax) and mma.cuh. One block owns BR query rows of one (batch, head); each of its NWARPS
-// warps owns MT consecutive 16-row slices. K/V blocks of BC keys stream through two shared-memory
-// buffers each (cp.async): K(it+1) and V(it+1) load while block `it` is computed. S = Q.K^T and
-// the softmax stay in registers; P is re-packed in registers as the A operand of O += P.V.
+// shared headers (types, block_info, mask, softmax) and mma.cuh. One block owns BR query rows of
+// one (batch, head); each of its NWARPS warps owns MT consecutive 16-row slices. K/V blocks of BC
+// keys stream through two shared-memory buffers each (cp.async): K(it+1) and V(it+1) load while
+// block `it` is computed. S = Q.K^T and the softmax stay in registers; P is re-packed in registers
+// as the A operand of O += P.V.
 //
 // Tile defines: DQK, DV (padded head dims, multiples of 32), BR, BC, NWARPS, Q_IN_REGS, MIN_BLOCKS,
-// RESCALE_SLACK (0: the exact running max; 8: the max moves only by more than 2^8, see below).
+// RESCALE_SLACK (0: the exact running max; 8: the max moves only by more than 2^8, see softmax.cuh).
 // Option defines (mask.cuh) plus NONPOS_SCALE (scale <= 0: the row max is taken after scaling).
 
 #define NT (NWARPS * 32)
