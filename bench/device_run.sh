@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One device run, on the GPU machine, from a folder staged by bench/stage.sh: the GPU tests, the
 # sanitizers on a small run of every kernel variant, the flashattn command's GPU path (check, and
-# bench with first-use compile and cached load times), and the benchmark against PyTorch SDPA.
+# bench with first-use compile and cached load times), its recovery from a damaged kernel disk
+# cache, and the benchmark against PyTorch SDPA.
 # Logs and JSON go to $OUT (the device tool brings them back); a summary is printed last.
 #
-#   bash .device-NAME/bench/device_run.sh [tests] [cli] [sanitize] [bench] [bench-quick]
-#   (default: tests cli sanitize bench)
-# On the H100: tests ~40 s, bench ~25 s, sanitize 5-7 min (memcheck + racecheck; TOOLS=racecheck
-# runs one), so give sanitize a call of its own within the 10-minute limit.
+#   bash .device-NAME/bench/device_run.sh [tests] [cli] [cache] [sanitize] [bench] [bench-quick]
+#   (default: tests cli cache sanitize bench)
+# Sanitize takes minutes (memcheck + racecheck; TOOLS=racecheck runs one): give it a call of its
+# own within the device tool's 10-minute limit.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/flashattn-out}
@@ -17,7 +18,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
 # The CLI tests start this binary (their build path does not exist on this machine).
 export FLASHATTN_BIN=${FLASHATTN_BIN:-$here/bin/flashattn}
-steps=("$@"); [[ ${#steps[@]} -eq 0 ]] && steps=(tests cli sanitize bench)
+steps=("$@"); [[ ${#steps[@]} -eq 0 ]] && steps=(tests cli cache sanitize bench)
 summary=()
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt"
 for step in "${steps[@]}"; do
@@ -41,6 +42,29 @@ for step in "${steps[@]}"; do
             summary+=("cli bench $dt: rc=$?")
         done
         summary+=("cli: ($((SECONDS - t0)) s)") ;;
+    cache)
+        # The kernel disk cache after damage: `flashattn run --device cuda` fills a fresh cache,
+        # then runs again after each way of damaging every entry; each run must exit 0, give
+        # the first run's output bit for bit (and the CPU's within 1e-5), and rewrite the entries.
+        work=$(mktemp -d)
+        export FLASHATTN_CACHE_DIR="$work/cache"
+        python3 "$here/bench/cache_damage.py" inputs "$work/in.safetensors"
+        fa() { "$here/bin/flashattn" run --input "$work/in.safetensors" --output "$work/$1.safetensors" \
+            --causal --device "$2" >> "$OUT/cache.log" 2>&1; }
+        fa cpu cpu && fa ref cuda
+        rc=$?
+        for damage in truncate empty flip; do
+            python3 "$here/bench/cache_damage.py" damage "$FLASHATTN_CACHE_DIR" "$damage" >> "$OUT/cache.log" 2>&1
+            fa "$damage" cuda
+            run_rc=$?
+            python3 "$here/bench/cache_damage.py" compare "$work" "$damage" "$FLASHATTN_CACHE_DIR" >> "$OUT/cache.log" 2>&1
+            cmp_rc=$?
+            echo "cache damage $damage: run rc=$run_rc, check rc=$cmp_rc" | tee -a "$OUT/cache.log"
+            [[ $run_rc -eq 0 && $cmp_rc -eq 0 ]] || rc=1
+        done
+        summary+=("cache damage recovery: rc=$rc ($((SECONDS - t0)) s)")
+        unset FLASHATTN_CACHE_DIR
+        rm -rf "$work" ;;
     sanitize)
         bash "$here/bench/sanitize.sh" "$here/bin/cuda_smoke"
         summary+=("sanitize: rc=$? ($((SECONDS - t0)) s)") ;;

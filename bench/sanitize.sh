@@ -4,8 +4,8 @@
 # Exit status 1 if either tool reports an error or the run fails.
 #
 #   bash bench/sanitize.sh PATH/TO/cuda_smoke
-#   TOOLS=racecheck bash bench/sanitize.sh ...     # one tool (each takes minutes on the H100:
-#                                                  # memcheck ~2, racecheck ~4; split the calls)
+#   TOOLS=racecheck bash bench/sanitize.sh ...     # one tool (each takes minutes: split the
+#                                                  # calls within the device tool's limit)
 set -uo pipefail
 bin=${1:?usage: sanitize.sh PATH/TO/cuda_smoke}
 OUT=${OUT:-/tmp/flashattn-out}

@@ -8,12 +8,9 @@
 // Tile defines: DQK_MAX, DV_MAX (head dims rounded up to a multiple of 8), BCG (keys per block),
 // GRPT (rows per lane group, default 1: a block owns 16·GRPT rows and each group of 8 lanes keeps
 // GRPT rows, so every K and V value read from shared memory feeds GRPT rows), GK_F64 (K staged
-// as f64: the dot products then convert only Q, whose value feeds BCG/8 keys).
-//
-// Measured on the H100 (2026-11-23, f32, B=1, H=8, D = 64 / 128, N = 4096 and 16384): 16 rows per
-// block with K in f32 ran 5.9 / 5.0 and 5.1 / 4.9 TFLOP/s, bounded by the f32 -> f64 conversion of
-// both operands of every f64 FMA (a quarter-rate instruction); GRPT = 4 with K in f64 runs
-// 16.3 / 13.7 and 17.5 / 13.9. src/cuda/tile_config.rs picks GRPT and GK_F64 per head dim.
+// as f64: the dot products then convert only Q, whose value feeds BCG/8 keys). With K in f32 the
+// loop is bounded by the f32 -> f64 conversion of both operands of every f64 FMA (a quarter-rate
+// instruction); src/cuda/tile_config.rs picks GRPT and GK_F64 per head dim (see BENCHMARKS.md).
 
 #ifndef GRPT
 #define GRPT 1
@@ -37,8 +34,6 @@ __device__ __forceinline__ void load_tile(D* dst, int pitch, int width, const el
         dst[r * pitch + c] = (r < rows && c < cols) ? (D)to_f32(src[r * stride + c]) : (D)0;
     }
 }
-
-__device__ __forceinline__ double row_max_neg_inf() { return -__longlong_as_double(0x7ff0000000000000ll); }
 
 extern "C" __global__ void __launch_bounds__(GT) flash_fwd_general(const FlashParams p) {
     extern __shared__ __align__(16) double gsmem_d[];
@@ -64,15 +59,13 @@ extern "C" __global__ void __launch_bounds__(GT) flash_fwd_general(const FlashPa
     const float slope = alibi_slope(p, s);
     const float* brow[GRPT];
     float o[GRPT][DV_MAX / 8];
-    double row_max[GRPT];
-    float row_sum[GRPT];
+    RowSoftmax<double> row[GRPT];
 #pragma unroll
     for (int t = 0; t < GRPT; ++t) {
         brow[t] = bias_row_ptr(p, s, i0 + r + 16 * t);
 #pragma unroll
         for (int c = 0; c < DV_MAX / 8; ++c) o[t][c] = 0.f;
-        row_max[t] = row_max_neg_inf();
-        row_sum[t] = 0.f;
+        softmax_init(row[t]);
     }
 
     for (int nb = nb_first; nb < nb_end; ++nb) {
@@ -101,29 +94,24 @@ extern "C" __global__ void __launch_bounds__(GT) flash_fwd_general(const FlashPa
 #pragma unroll
         for (int t = 0; t < GRPT; ++t) {
             const int i = i0 + r + 16 * t;
-            double mx = row_max[t];
+            double mx = row[t].max;
 #pragma unroll
             for (int u = 0; u < BCG / 8; ++u) {
                 const int j = j0 + c8 + 8 * u;
                 double x = score_mods(p, s, sc[t][u], i, j, slope, brow[t]);
-                if (!visible(p, s, i, j)) x = row_max_neg_inf();
+                if (!visible(p, s, i, j)) x = (double)NEG_INF;
                 sc[t][u] = x;
                 mx = fmax(mx, x);
             }
-            mx = fmax(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-            mx = fmax(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-            mx = fmax(mx, __shfl_xor_sync(0xffffffff, mx, 4));
-            const double shift = mx == row_max_neg_inf() ? 0.0 : mx;
-            const float corr = exp2f((float)((row_max[t] - shift) * (double)LOG2E));
-            row_max[t] = mx;
+            const float corr = softmax_rescale(row[t], row_allreduce_max<8>(mx), LOG2E);
             float sum = 0.f;
 #pragma unroll
             for (int u = 0; u < BCG / 8; ++u) {
-                const float e = exp2f((float)((sc[t][u] - shift) * (double)LOG2E));
+                const float e = softmax_p(row[t], sc[t][u], LOG2E);
                 sP[(r + 16 * t) * BCG + c8 + 8 * u] = e;
                 sum += e;
             }
-            row_sum[t] = row_sum[t] * corr + sum;
+            row[t].sum += sum;
 #pragma unroll
             for (int c = 0; c < DV_MAX / 8; ++c) o[t][c] *= corr;
         }
@@ -144,20 +132,15 @@ extern "C" __global__ void __launch_bounds__(GT) flash_fwd_general(const FlashPa
 #pragma unroll
     for (int t = 0; t < GRPT; ++t) {
         const int i = i0 + r + 16 * t;
-        float l = row_sum[t];
-        l += __shfl_xor_sync(0xffffffff, l, 1);
-        l += __shfl_xor_sync(0xffffffff, l, 2);
-        l += __shfl_xor_sync(0xffffffff, l, 4);
+        const float l = row_allreduce_sum<8>(row[t].sum);
         if (i >= s.nq) continue;
         const float inv = softmax_inv_sum(l);
-        elem_t* og = p.o + s.b * p.o_batch + (i64)(s.q_row0 + i) * p.o_row + s.h * p.o_head;
+        elem_t* og = out_row(p, s, i);
 #pragma unroll
         for (int c = 0; c < DV_MAX / 8; ++c) {
             const int col = c8 + 8 * c;
             if (col < p.head_dim_v) og[col] = from_f32(o[t][c] * inv);
         }
-        if (c8 == 0)
-            p.lse[s.b * p.lse_batch + s.h * p.lse_head + s.q_row0 + i] =
-                (l > 0.f ? (float)(row_max[t] + log((double)l)) : NEG_INF);
+        if (c8 == 0) store_lse(p, s, i, softmax_lse(row[t], l));
     }
 }

@@ -1,12 +1,13 @@
-// FlashAttention-2 forward on tensor cores (f16/bf16 in, f32 accumulation), composed from
-// common.cuh and mma.cuh. One block owns BR query rows of one (batch, head); each of its NWARPS
-// warps owns MT consecutive 16-row slices. K/V blocks of BC keys stream through two shared-memory
-// buffers each (cp.async): K(it+1) and V(it+1) load while block `it` is computed. S = Q.K^T and
-// the softmax stay in registers; P is re-packed in registers as the A operand of O += P.V.
+// FlashAttention-2 forward on tensor cores (f16/bf16 in, f32 accumulation), composed from the
+// shared headers (types, block_info, mask, softmax) and mma.cuh. One block owns BR query rows of
+// one (batch, head); each of its NWARPS warps owns MT consecutive 16-row slices. K/V blocks of BC
+// keys stream through two shared-memory buffers each (cp.async): K(it+1) and V(it+1) load while
+// block `it` is computed. S = Q.K^T and the softmax stay in registers; P is re-packed in registers
+// as the A operand of O += P.V.
 //
 // Tile defines: DQK, DV (padded head dims, multiples of 32), BR, BC, NWARPS, Q_IN_REGS, MIN_BLOCKS,
-// RESCALE_SLACK (0: the exact running max; 8: the max moves only by more than 2^8, see below).
-// Option defines (common.cuh) plus NONPOS_SCALE (scale <= 0: the row max is taken after scaling).
+// RESCALE_SLACK (0: the exact running max; 8: the max moves only by more than 2^8, see softmax.cuh).
+// Option defines (mask.cuh) plus NONPOS_SCALE (scale <= 0: the row max is taken after scaling).
 
 #define NT (NWARPS * 32)
 #define MT (BR / (16 * NWARPS))
@@ -129,11 +130,12 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
 #endif
 
     float o[MT][DV / 8][4];
-    // row_sum: the sum of P in f32 (for the LSE). psum: the sum of P as rounded for the P.V
+    // row[..].sum: the sum of P in f32 (for the LSE). psum: the sum of P as rounded for the P.V
     // product (by the tensor cores, P times a column of ones), which normalizes O, so the weights
     // applied to V sum to 1: a one-hot row gives its V row exactly even when its P is 2^x != 1
     // under the lazy reference max.
-    float row_max[MT][2], row_sum[MT][2], psum[MT][4];
+    RowSoftmax<float> row[MT][2];
+    float psum[MT][4];
     u32 qf[MT][DQK / 16][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -143,8 +145,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
             for (int e = 0; e < 4; ++e) o[mt][n][e] = 0.f;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            row_max[mt][h] = NEG_INF;
-            row_sum[mt][h] = 0.f;
+            softmax_init(row[mt][h]);
             psum[mt][2 * h] = psum[mt][2 * h + 1] = 0.f;
         }
     }
@@ -203,10 +204,8 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
         }
 #endif
 
-        // Online softmax. A row's reference max moves only when the block's max exceeds it by more
-        // than RESCALE_SLACK (log2 units), so P = exp2(S * mult - ref * mult) <= 2^RESCALE_SLACK
-        // stays exact in f32 while O and l share the reference; a warp whose rows all keep their
-        // reference skips the rescale of O.
+        // Online softmax with a lazy reference max (softmax_max_moves, slack RESCALE_SLACK): a warp
+        // whose rows all keep their reference skips the rescale of O.
         float bmax[MT][2];
         bool grow = false;
 #pragma unroll
@@ -216,21 +215,17 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
                 float mx = NEG_INF;
 #pragma unroll
                 for (int n = 0; n < BC / 8; ++n) mx = fmaxf(mx, fmaxf(sc[mt][n][2 * h], sc[mt][n][2 * h + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-                bmax[mt][h] = mx;
-                grow |= mx * mult > row_max[mt][h] * mult + RESCALE_SLACK;
+                bmax[mt][h] = row_allreduce_max<4>(mx);
+                grow |= softmax_max_moves(row[mt][h], bmax[mt][h], mult, RESCALE_SLACK);
             }
         if (__any_sync(0xffffffff, grow)) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const float ref = row_max[mt][h];
-                    const float m_new = bmax[mt][h] * mult > ref * mult + RESCALE_SLACK ? bmax[mt][h] : ref;
-                    const float corr = fast_exp2(ref * mult - softmax_shift(m_new) * mult);
-                    row_max[mt][h] = m_new;
-                    row_sum[mt][h] *= corr;
+                    const bool moves = softmax_max_moves(row[mt][h], bmax[mt][h], mult, RESCALE_SLACK);
+                    const float m_new = moves ? bmax[mt][h] : row[mt][h].max;
+                    const float corr = softmax_rescale(row[mt][h], m_new, mult);
                     psum[mt][2 * h] *= corr;
                     psum[mt][2 * h + 1] *= corr;
 #pragma unroll
@@ -245,17 +240,16 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
         for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const float shift = softmax_shift(row_max[mt][h]) * mult;
                 float sum = 0.f;
 #pragma unroll
                 for (int n = 0; n < BC / 8; ++n)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        const float x = fast_exp2(fmaf(sc[mt][n][2 * h + e], mult, -shift));
+                        const float x = softmax_p(row[mt][h], sc[mt][n][2 * h + e], mult);
                         sc[mt][n][2 * h + e] = x;
                         sum += x;
                     }
-                row_sum[mt][h] += sum;
+                row[mt][h].sum += sum;
             }
 #pragma unroll
             for (int kk = 0; kk < BC / 16; ++kk) {
@@ -277,22 +271,17 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float l = row_sum[mt][h];
-            l += __shfl_xor_sync(0xffffffff, l, 1);
-            l += __shfl_xor_sync(0xffffffff, l, 2);
-            const float lr = psum[mt][2 * h];
+            const float l = row_allreduce_sum<4>(row[mt][h].sum);
             const int i = i0 + wrow0 + mt * 16 + g + 8 * h;
             if (i >= s.nq) continue;
-            const float inv = softmax_inv_sum(lr);
-            elem_t* og = p.o + s.b * p.o_batch + (i64)(s.q_row0 + i) * p.o_row + s.h * p.o_head;
+            const float inv = softmax_inv_sum(psum[mt][2 * h]);
+            elem_t* og = out_row(p, s, i);
 #pragma unroll
             for (int n = 0; n < DV / 8; ++n) {
                 const int col = n * 8 + 2 * t;
                 if (col < p.head_dim_v)
                     *(u32*)(og + col) = pack2(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
             }
-            if (t == 0)
-                p.lse[s.b * p.lse_batch + s.h * p.lse_head + s.q_row0 + i] =
-                    softmax_lse(row_max[mt][h] * mult, l);
+            if (t == 0) store_lse(p, s, i, softmax_lse(row[mt][h], l, mult));
         }
 }

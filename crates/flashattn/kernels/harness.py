@@ -12,7 +12,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def source(kernel, defines):
     parts = [f"#define {k} {v}" for k, v in defines.items()]
-    files = ["common.cuh", "mma.cuh", "flash_fwd_mma.cu"] if kernel == "mma" else ["common.cuh", "flash_fwd_general.cu"]
+    headers = ["types.cuh", "block_info.cuh", "mask.cuh", "softmax.cuh"]
+    files = headers + (["mma.cuh", "flash_fwd_mma.cu"] if kernel == "mma" else ["flash_fwd_general.cu"])
     for f in files:
         parts.append(open(os.path.join(HERE, f)).read())
     return "\n".join(parts)

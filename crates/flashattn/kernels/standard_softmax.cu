@@ -9,46 +9,7 @@
 // Like a framework computing in the element type T, every materialized value is rounded to T: the
 // scores after each step and P; the softmax itself runs in f32.
 //
-// The element type is chosen by one `#define` pasted before this file: ELEM_F32, ELEM_F16 or
-// ELEM_BF16. No CUDA header is included: conversions are inline PTX.
-
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef long long i64;
-typedef unsigned long long u64;
-
-#if defined(ELEM_F32)
-typedef float elem_t;
-__device__ __forceinline__ float to_f32(elem_t x) { return x; }
-__device__ __forceinline__ elem_t from_f32(float x) { return x; }
-#elif defined(ELEM_F16)
-typedef u16 elem_t;
-__device__ __forceinline__ float to_f32(elem_t x) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
-    return f;
-}
-__device__ __forceinline__ elem_t from_f32(float f) {
-    u16 r;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
-    return r;
-}
-#elif defined(ELEM_BF16)
-typedef u16 elem_t;
-__device__ __forceinline__ float to_f32(elem_t x) { return __uint_as_float(((u32)x) << 16); }
-__device__ __forceinline__ elem_t from_f32(float f) {
-    u16 r;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
-    return r;
-}
-#else
-#error "define ELEM_F32, ELEM_F16 or ELEM_BF16"
-#endif
-
-// f32 rounded to the element type and back.
-__device__ __forceinline__ float round_elem(float x) { return to_f32(from_f32(x)); }
-
-#define NEG_INF (-__int_as_float(0x7f800000))
+// Pasted after types.cuh (the element type, conversions and round_elem), like every kernel.
 
 // ---- gather / scatter ----------------------------------------------------------------------------
 
@@ -153,8 +114,9 @@ extern "C" __global__ void __launch_bounds__(SOFTMAX_THREADS) standard_softmax(c
     const i64 bias_row = p.bias_offset + (i64)b * p.bias_stride[0] + (i64)h * p.bias_stride[1] +
                          (i64)i * p.bias_stride[2];
 
-    // Pass 1: the score mods, each rounded to T as stored; the row maximum over visible keys.
-    float m = NEG_INF;
+    // Pass 1: the score mods, each rounded to T as stored; the row maximum over visible keys,
+    // NaN when one of them is NaN (then P and the LSE are NaN, as in peers).
+    float m = NEG_INF, nan = 0.0f;
     for (int j = threadIdx.x; j < p.max_nk; j += SOFTMAX_THREADS) {
         if (j < lo || j >= hi) continue;
         float s = to_f32(row[j]);
@@ -166,8 +128,10 @@ extern "C" __global__ void __launch_bounds__(SOFTMAX_THREADS) standard_softmax(c
         }
         row[j] = from_f32(s);
         m = fmaxf(m, s);
+        if (s != s) nan = 1.0f;
     }
     m = block_reduce(m, true, red);
+    if (block_reduce(nan, true, red) != 0.0f) m = NAN_F;
 
     // Pass 2: the sum of exponentials (f32).
     float sum = 0.0f;

@@ -8,19 +8,20 @@
 //! NVRTC version. Every load that misses the in-memory cache is kept as a [`CompileRecord`].
 //!
 //! The disk cache lives in `$FLASHATTN_CACHE_DIR`, else `$XDG_CACHE_HOME/flashattn`, else
-//! `~/.cache/flashattn`; `FLASHATTN_CACHE_DIR=off` disables it. Files are written atomically
-//! (a temporary file renamed into place), so concurrent processes never read half a file.
+//! `~/.cache/flashattn`; `FLASHATTN_CACHE_DIR=off` disables it. Each entry is checksummed and
+//! checked before the driver loads it; a damaged one is compiled again and rewritten (see
+//! `disk_cache.rs`).
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
-use std::time::Instant;
 
 use cudarc::driver::CudaFunction;
 use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
 
 use super::device::Gpu;
+use super::disk_cache;
 use crate::error::{Error, Result};
 
 /// One kernel variant: a complete CUDA C++ translation unit and the `extern "C"` kernel in it.
@@ -33,6 +34,9 @@ pub struct KernelSource {
     /// The name of the `extern "C" __global__` function to launch.
     pub entry: String,
 }
+
+/// Scalar types and dtype conversions (`kernels/types.cuh`): the first header of every kernel.
+pub(crate) const TYPES_HEADER: &str = include_str!("../../kernels/types.cuh");
 
 /// How one kernel variant was made ready on a GPU (a miss of the in-memory cache).
 #[derive(Clone, Debug, PartialEq)]
@@ -193,23 +197,6 @@ pub fn cache_dir() -> Option<PathBuf> {
     }
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same folder and a rename.
-fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(std::path::Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dir.join(format!(
-        ".tmp-{}-{}-{seq}",
-        std::process::id(),
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("cubin")
-    ));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
-}
-
 /// Loaded kernels by (GPU ordinal, variant name, entry); each entry keeps the source it was built
 /// from, compared in full on lookup (a memcmp, cheaper than hashing the source on every launch).
 type FunctionCache = HashMap<(usize, String, String), Vec<(String, CudaFunction)>>;
@@ -222,6 +209,14 @@ fn function_cache() -> &'static Mutex<FunctionCache> {
 fn records() -> &'static Mutex<Vec<CompileRecord>> {
     static RECORDS: OnceLock<Mutex<Vec<CompileRecord>>> = OnceLock::new();
     RECORDS.get_or_init(Default::default)
+}
+
+/// Forgets the loaded kernels of [`function`] (see [`super::forget_loaded_kernels`]).
+pub(crate) fn forget_functions() {
+    function_cache()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clear();
 }
 
 /// Every kernel load of this process that missed the in-memory cache, in order: the first use of
@@ -244,10 +239,10 @@ fn key_for(src: &KernelSource, arch: &str) -> Result<u128> {
     ]))
 }
 
-fn load(gpu: &Gpu, src: &KernelSource, cubin: Vec<u8>) -> Result<CudaFunction> {
+fn load(gpu: &Gpu, src: &KernelSource, cubin: &[u8]) -> Result<CudaFunction> {
     let module = gpu
         .ctx
-        .load_module(Ptx::from_binary(cubin))
+        .load_module(Ptx::from_binary(cubin.to_vec()))
         .map_err(Gpu::err("loading a compiled module"))?;
     module.load_function(&src.entry).map_err(|e| {
         Error::Cuda(format!(
@@ -278,56 +273,37 @@ pub(crate) fn function(gpu: &Gpu, src: &KernelSource) -> Result<CudaFunction> {
 }
 
 /// Compiles and loads, timing both steps. With `use_disk` the cubin is read from the disk cache
-/// when there and written to it after a compile; without, the disk cache is left alone.
+/// when there and sound, and written to it after a compile; without, the disk cache is left alone.
 fn load_uncached(
     gpu: &Gpu,
     src: &KernelSource,
     key: u128,
     use_disk: bool,
 ) -> Result<(CudaFunction, CompileRecord)> {
-    let path = cache_dir().map(|d| d.join(format!("{}-{}-{key:032x}.cubin", src.name, gpu.arch)));
-    let t0 = Instant::now();
-    let cached = path
-        .as_ref()
+    let path = cache_dir()
         .filter(|_| use_disk)
-        .and_then(|p| std::fs::read(p).ok());
-    let from_disk = cached.is_some();
-    let (cubin, compile_ms) = match cached {
-        Some(bin) => (bin, None),
-        None => {
-            let bin = nvrtc_compile(src, &gpu.arch, Output::Cubin)?;
-            let ms = t0.elapsed().as_secs_f64() * 1e3;
-            if let Some(p) = path.as_ref().filter(|_| use_disk) {
-                // The disk cache only saves time: a folder that cannot be written is skipped.
-                let _ = write_atomically(p, &bin);
-            }
-            (bin, Some(ms))
-        }
-    };
-    let t1 = Instant::now();
-    let f = load(gpu, src, cubin)?;
-    let load_ms = t1.elapsed().as_secs_f64() * 1e3
-        + if from_disk {
-            (t1 - t0).as_secs_f64() * 1e3
-        } else {
-            0.0
-        };
+        .map(|d| d.join(format!("{}-{}-{key:032x}.cubin", src.name, gpu.arch)));
+    let (f, outcome) = disk_cache::load_or_build(
+        path.as_deref(),
+        key,
+        || nvrtc_compile(src, &gpu.arch, Output::Cubin),
+        |cubin| load(gpu, src, cubin),
+    )?;
     let record = CompileRecord {
         name: src.name.clone(),
         arch: gpu.arch.clone(),
-        compile_ms,
-        load_ms,
-        from_disk,
+        compile_ms: outcome.build_ms,
+        load_ms: outcome.load_ms,
+        from_disk: outcome.bad.is_none(),
     };
     Ok((f, record))
 }
 
 /// Measures both costs of `src` on GPU `ordinal` regardless of the caches: a fresh NVRTC compile
 /// and then a load from the disk cache (with the disk cache off, or before `src` was first used,
-/// a compile that fills it). The CUDA stack keeps a cache of its own (`~/.nv/ComputeCache`),
-/// which on the H100 machine answered a repeated compile in ~25 ms instead of 0.3–1.3 s; it
-/// sees through comments and typedefs, so the fresh compile gets the source with an empty kernel
-/// of a unique name appended. That compile is not written to the disk cache. Returns the record
+/// a compile that fills it). The CUDA stack keeps a compile cache of its own
+/// (`~/.nv/ComputeCache`) that sees through comments and typedefs, so the fresh compile gets the
+/// source with an empty kernel of a unique name appended. That compile is not written to the disk cache. Returns the record
 /// of the compile (its `load_ms` is the module load after it) and the record of the cached load;
 /// both are also appended to [`compile_records`].
 pub fn measure_compile(

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
-use super::compile::{KernelSource, function};
+use super::compile::{KernelSource, TYPES_HEADER, function};
 use super::device::{Gpu, gpu};
 use super::params::{FlashParams, Pointers};
 use super::storage::CudaStorage;
@@ -19,7 +19,13 @@ use crate::outputs::ForwardOutput;
 use crate::problem::{Problem, row_layout, strides_like};
 use crate::tensor::{Device, Tensor, contiguous_strides};
 
-const COMMON: &str = include_str!("../../kernels/common.cuh");
+/// The vocabulary every forward kernel is pasted after, in order (NVRTC gets no include path).
+const HEADERS: [&str; 4] = [
+    TYPES_HEADER,
+    include_str!("../../kernels/block_info.cuh"),
+    include_str!("../../kernels/mask.cuh"),
+    include_str!("../../kernels/softmax.cuh"),
+];
 const MMA: &str = include_str!("../../kernels/mma.cuh");
 const FWD_MMA: &str = include_str!("../../kernels/flash_fwd_mma.cu");
 const FWD_GENERAL: &str = include_str!("../../kernels/flash_fwd_general.cu");
@@ -103,7 +109,7 @@ pub(crate) fn kernel_source(path: &Path, dtype: DType, opts: Options) -> KernelS
                  #define Q_IN_REGS {}\n#define MIN_BLOCKS {}\n#define RESCALE_SLACK {}\n",
                 t.dqk, t.dv, t.br, t.bc, t.warps, t.q_in_regs as u8, t.min_blocks, RESCALE_SLACK
             );
-            code += &[COMMON, MMA, FWD_MMA].join("\n");
+            code += &[&HEADERS[..], &[MMA, FWD_MMA]].concat().join("\n");
             let name = format!(
                 "fwd_mma_{tname}_d{}x{}_{}x{}w{}{}",
                 t.dqk,
@@ -121,7 +127,7 @@ pub(crate) fn kernel_source(path: &Path, dtype: DType, opts: Options) -> KernelS
                  #define GK_F64 {}\n",
                 t.dqk, t.dv, t.bc, t.rows_per_group, t.k_f64 as u8
             );
-            code += &[COMMON, FWD_GENERAL].join("\n");
+            code += &[&HEADERS[..], &[FWD_GENERAL]].concat().join("\n");
             (
                 format!(
                     "fwd_general_{tname}_d{}x{}_bc{}r{}{}",
@@ -180,6 +186,19 @@ pub fn kernel_sources() -> Vec<KernelSource> {
     out
 }
 
+type ReadyKey = (usize, Path, DType, Options);
+
+/// The kernels [`launchable`] has made ready, by GPU and variant.
+fn ready() -> &'static Mutex<HashMap<ReadyKey, CudaFunction>> {
+    static READY: OnceLock<Mutex<HashMap<ReadyKey, CudaFunction>>> = OnceLock::new();
+    READY.get_or_init(Default::default)
+}
+
+/// Forgets the kernels made ready (see [`super::forget_loaded_kernels`]).
+pub(crate) fn forget_launchable() {
+    ready().lock().unwrap_or_else(|e| e.into_inner()).clear();
+}
+
 /// A variant's loaded kernel with its shared-memory limit raised, by a small key: after the first
 /// call a launch costs one hash lookup, not the building and comparing of its source.
 fn launchable(
@@ -189,9 +208,7 @@ fn launchable(
     opts: Options,
     shared: usize,
 ) -> Result<CudaFunction> {
-    type Key = (usize, Path, DType, Options);
-    static READY: OnceLock<Mutex<HashMap<Key, CudaFunction>>> = OnceLock::new();
-    let ready = READY.get_or_init(Default::default);
+    let ready = ready();
     let key = (g.ordinal, *path, dtype, opts);
     if let Some(f) = ready.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(f.clone());

@@ -9,6 +9,7 @@
 
 pub mod compile;
 pub(crate) mod device;
+mod disk_cache;
 pub(crate) mod forward;
 pub(crate) mod params;
 pub(crate) mod standard;
@@ -63,6 +64,14 @@ pub fn kernel_sources() -> Vec<KernelSource> {
     let mut all = forward::kernel_sources();
     all.extend(standard::kernel_sources());
     all
+}
+
+/// Test support: forgets every loaded kernel, so that the next use of each goes to the disk cache
+/// (or NVRTC) again, as in a new process.
+#[doc(hidden)]
+pub fn forget_loaded_kernels() {
+    forward::forget_launchable();
+    compile::forget_functions();
 }
 
 /// True when a CUDA driver and at least one GPU are present.

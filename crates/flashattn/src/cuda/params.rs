@@ -1,4 +1,4 @@
-//! The kernels' parameter struct (`FlashParams` in `kernels/common.cuh`), built from a validated
+//! The kernels' parameter struct (`FlashParams` in `kernels/block_info.cuh`), built from a validated
 //! [`Problem`] and the device addresses of its tensors, and passed to the kernel by value.
 
 use cudarc::driver::DeviceRepr;
@@ -9,7 +9,7 @@ use crate::problem::{Problem, RowLayout};
 /// every per-element difference inside 32 bits).
 const UNBOUNDED: i32 = 1 << 30;
 
-/// Mirrors `struct FlashParams` in `kernels/common.cuh` field by field: 8-byte fields first, then
+/// Mirrors `struct FlashParams` in `kernels/block_info.cuh` field by field: 8-byte fields first, then
 /// 4-byte ones, so `#[repr(C)]` gives the same layout on both sides.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::cublas::{CudaBlas, sys as blas_sys};
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::compile::{self, KernelSource};
+use super::compile::{self, KernelSource, TYPES_HEADER};
 use super::device::{Gpu, gpu};
 use super::storage::CudaStorage;
 use crate::dtype::DType;
@@ -89,7 +89,7 @@ fn source(entry: &str, dtype: DType) -> KernelSource {
     KernelSource {
         name: format!("{entry}_{tag}"),
         code: format!(
-            "#define {define}\n{}",
+            "#define {define}\n{TYPES_HEADER}\n{}",
             include_str!("../../kernels/standard_softmax.cu")
         ),
         entry: entry.to_string(),

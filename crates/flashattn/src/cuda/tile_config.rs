@@ -2,27 +2,16 @@
 //! options, sequence length, strides and the device's shared-memory limit, so they can be read
 //! (and tested) apart from the kernels.
 //!
-//! Measured on an NVIDIA H100 80GB HBM3 (sm_90a), 2026-11-22, bf16, batch·N = 16384,
-//! heads·D = 2048, by `python3 kernels/harness.py bench` (kernel time only; every variant and
-//! shape is in kernels/README.md). TFLOP/s at N = 512 / 2048 / 16384, final kernels:
-//! - D = 64, no mask: Br×Bc = 128×128, 4 warps, Q re-read from shared memory 271 / 290 / 312;
-//!   128×64, Q in registers 270 / 315 / 308 (PyTorch's FlashAttention-2 backend: 267 / 285 / 301).
-//!   Causal: 128×128 174 / 266 / 301, 128×64 174 / 264 / 291 (FA2: 154 / 250 / 298). 128×128
-//!   spills with every score mod compiled in, so those variants take 128×64.
-//! - D = 128, no mask: 128×64 298 / 357 / 352, 128×32 284 / 330 / 347 (FA2 303 / 323 / 316);
-//!   causal: 128×64 194 / 292 / 315, 128×32 187 / 276 / 309 (FA2 184 / 273 / 308).
-//!
-//! - D = 256 (2026-11-23, `harness.py bench --dims 256`, H = 8), one 16-row slice per warp (two
-//!   would not fit the O accumulator in registers): no mask 128×64 with 8 warps 232 / 283 / 297,
-//!   64×32 with 4 warps 229 / 279 / 271, 128×32 w8 204 / 243 / 264, 64×64 w4 192 / 219 / 237
-//!   (FA2 287 / 324 / 302); causal 128×64 w8 153 / 226 / 304, 64×32 w4 160 / 233 / 277 (FA2
-//!   205 / 270 / 292). 128×64 w8 spills a little with every score mod compiled in; those variants
-//!   and parts with less than its 198 KiB of shared memory (A100: 163 KiB) take 64×32 w4.
-//!
-//! Two 16-row slices per warp halve the shared-memory reads of K and V per tensor-core
-//! instruction; at one slice per warp (64×64 or 128×64 with 8 warps: 186 and 240 at D = 128,
-//! N = 2048, measured before the grid order was fixed, against 264 for 128×64 with 4 warps) the
-//! ldmatrix traffic (256 bytes per m16n8k16) exceeds the 128 B/clock of shared memory.
+//! The choices, one line each (the measurements behind them: kernels/README.md, BENCHMARKS.md):
+//! - D ≤ 64: 128×128, 4 warps, Q re-read from shared memory; 128×64 with Q in registers when
+//!   score mods are compiled in (128×128 spills with them).
+//! - D ≤ 128: 128×64, 4 warps.
+//! - D ≤ 256: one 16-row slice per warp (two would not fit the O accumulator in registers):
+//!   128×64 with 8 warps; 64×32 with 4 warps with score mods (128×64 spills a little with them).
+//! - Any D where the preferred tile's shared memory does not fit (sm_86/89: 99 KiB; at D = 256
+//!   the 198 KiB of 128×64 exceed the A100's 163 KiB): 64×32 with 4 warps.
+//! - Two 16-row slices per warp elsewhere: one slice needs 256 bytes of `ldmatrix` traffic per
+//!   m16n8k16, above shared memory's 128 B/clock at the tensor-core rate.
 
 use crate::dtype::DType;
 use crate::problem::Problem;
@@ -164,12 +153,9 @@ pub(crate) fn all_mma_tiles(dqk: usize, dv: usize) -> Vec<(MmaTile, Hints)> {
 
 /// The CUDA-core tile for head dims `dqk`, `dv` (1..=512).
 ///
-/// Measured on the H100 (2026-11-23, f32, B=1, H=8, N=4096, `flashattn bench --device cuda`):
-/// 16 rows per block with K in f32 ran 5.9 / 5.0 TFLOP/s at D = 64 / 128, bounded by the f32 to
-/// f64 conversion of both operands of every f64 FMA (a quarter-rate instruction); 64 rows per
-/// block (each K and V value feeds 4 rows) with K staged as f64 runs 16.3 / 13.7 (64-key blocks
-/// at D = 64, 8 keys per lane: 14.8, no gain; at N = 16384 16.0 against 17.5). Head dims over
-/// 128 keep 16 rows and f32 K, within the 99 KiB of shared memory of sm_86/89 parts.
+/// Head dims ≤ 128: 64 rows per block (each K and V value feeds 4 rows) with K staged as f64,
+/// which removes the f32 → f64 conversion of K from every f64 FMA (see kernels/README.md). Larger
+/// head dims keep 16 rows and f32 K, within the 99 KiB of shared memory of sm_86/89 parts.
 pub(crate) fn general_tile(dqk: usize, dv: usize) -> GeneralTile {
     let (dqk, dv) = (round_up(dqk, 32), round_up(dv, 32));
     let small = dqk.max(dv) <= 128;

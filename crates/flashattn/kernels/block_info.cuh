@@ -1,0 +1,70 @@
+// The forward kernels' parameters and where a block's rows and keys are: the parameter struct,
+// one (batch, query head)'s sequence (varlen offsets, the GQA head map) and the block's first row.
+
+// Pointers already point at each tensor's first element; strides are in elements. Mirrors
+// `FlashParams` in src/cuda/params.rs field by field (8-byte fields first, then 4-byte ones).
+struct FlashParams {
+    const elem_t* q;
+    const elem_t* k;
+    const elem_t* v;
+    elem_t* o;
+    float* lse;
+    const float* bias;
+    const float* alibi;  // one slope per (batch, query head)
+    const int* cu_q;     // varlen: batch + 1 offsets into the packed rows, else null
+    const int* cu_k;
+    i64 q_batch, q_row, q_head;
+    i64 k_batch, k_row, k_head;
+    i64 v_batch, v_row, v_head;
+    i64 o_batch, o_row, o_head;
+    i64 bias_batch, bias_head, bias_row, bias_col;
+    i64 lse_batch, lse_head;
+    int batch, heads_q, group;  // group: query heads per key/value head
+    int nq, nk;                 // padded lengths (unused with varlen)
+    int head_dim, head_dim_v;
+    int window_left, window_right;  // clamped to 2^30 (= unbounded)
+    float scale, scale_log2, softcap;
+};
+
+// One (batch, query head) of a launch: where its rows start and how many there are.
+struct SeqInfo {
+    int b, h, hk;
+    int q_row0, k_row0, nq, nk;
+    int diag;  // key position of query 0's diagonal: nk - nq
+};
+
+// The launch grid is (query blocks, query heads, batch): consecutive blocks share a head's K/V,
+// which then stays in L2 while they run.
+__device__ __forceinline__ SeqInfo seq_info(const FlashParams& p) {
+    SeqInfo s;
+    s.b = blockIdx.z;
+    s.h = blockIdx.y;
+    s.hk = s.h / p.group;
+    if (p.cu_q != 0) {
+        s.q_row0 = p.cu_q[s.b];
+        s.k_row0 = p.cu_k[s.b];
+        s.nq = p.cu_q[s.b + 1] - s.q_row0;
+        s.nk = p.cu_k[s.b + 1] - s.k_row0;
+    } else {
+        s.q_row0 = 0;
+        s.k_row0 = 0;
+        s.nq = p.nq;
+        s.nk = p.nk;
+    }
+    s.diag = s.nk - s.nq;
+    return s;
+}
+
+// The first query row of this block: heaviest query blocks first (under a causal mask the last
+// rows see the most keys), so the light ones fill the tail of the grid.
+__device__ __forceinline__ int block_row0(int rows) { return (gridDim.x - 1 - blockIdx.x) * rows; }
+
+// Where query row `i` of this (batch, head) writes its output.
+__device__ __forceinline__ elem_t* out_row(const FlashParams& p, const SeqInfo& s, int i) {
+    return p.o + s.b * p.o_batch + (i64)(s.q_row0 + i) * p.o_row + s.h * p.o_head;
+}
+
+// Writes the log-sum-exp of query row `i` of this (batch, head).
+__device__ __forceinline__ void store_lse(const FlashParams& p, const SeqInfo& s, int i, float lse) {
+    p.lse[s.b * p.lse_batch + s.h * p.lse_head + s.q_row0 + i] = lse;
+}

@@ -1,0 +1,77 @@
+// Which keys a query sees and what turns a dot product into a score. A variant sets
+//   HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS   score mods (each 0 or 1)
+//   HAS_MASK                           a window (causal included) that hides some keys (0 or 1)
+
+// ---- the mask: causal is the window (left = inf, right = 0), aligned bottom-right --------------
+
+// Whether query `i` sees key `j`.
+__device__ __forceinline__ bool visible(const FlashParams& p, const SeqInfo& s, int i, int j) {
+    int d = j - (i + s.diag);
+    return j < s.nk && -p.window_left <= d && d <= p.window_right;
+}
+
+// The key blocks that queries [i0, i1) see at all: [*first, *end) in units of `bc` keys.
+__device__ __forceinline__ void key_blocks(const FlashParams& p, const SeqInfo& s, int i0, int i1,
+                                           int bc, int* first, int* end) {
+    i64 lo = (i64)i0 + s.diag - p.window_left;
+    i64 hi = (i64)(i1 - 1) + s.diag + p.window_right + 1;
+    lo = lo < 0 ? 0 : lo;
+    hi = hi > s.nk ? s.nk : hi;
+    if (i1 <= i0 || hi <= lo) {
+        *first = 0;
+        *end = 0;
+        return;
+    }
+    *first = (int)(lo / bc);
+    *end = (int)((hi + bc - 1) / bc);
+}
+
+// True when every query in [i0, i1) sees every key in [j0, j0 + bc): such a block needs no mask.
+__device__ __forceinline__ bool block_is_full(const FlashParams& p, const SeqInfo& s, int i0, int i1,
+                                              int j0, int bc) {
+    if (j0 + bc > s.nk) return false;
+#if HAS_MASK
+    i64 lo = (i64)(i1 - 1) + s.diag - p.window_left;
+    i64 hi = (i64)i0 + s.diag + p.window_right + 1;
+    return lo <= j0 && (i64)j0 + bc <= hi;
+#else
+    return true;
+#endif
+}
+
+// ---- score mods, in the fixed order: s = q.k * scale -> softcap -> alibi + bias -> mask ----------
+
+// Score of query `i`, key `j` (both within the sequence) from the raw dot product, in natural units.
+// `slope` is the ALiBi slope of this (batch, head); `bias_row` points at bias[b, h, i, 0].
+// T is float (tensor-core kernel) or double (CUDA-core kernel, see flash_fwd_general.cu).
+template <typename T>
+__device__ __forceinline__ T score_mods(const FlashParams& p, const SeqInfo& s, T dot, int i, int j,
+                                        float slope, const float* bias_row) {
+    T x = dot * (T)p.scale;
+#if HAS_SOFTCAP
+    x = (T)p.softcap * tanh(x / (T)p.softcap);
+#endif
+#if HAS_ALIBI
+    x -= (T)slope * (T)abs(i + s.diag - j);
+#endif
+#if HAS_BIAS
+    if (i < s.nq && j < s.nk) x += (T)bias_row[(i64)j * p.bias_col];
+#endif
+    return x;
+}
+
+__device__ __forceinline__ float alibi_slope(const FlashParams& p, const SeqInfo& s) {
+#if HAS_ALIBI
+    return p.alibi[s.b * p.heads_q + s.h];
+#else
+    return 0.f;
+#endif
+}
+
+__device__ __forceinline__ const float* bias_row_ptr(const FlashParams& p, const SeqInfo& s, int i) {
+#if HAS_BIAS
+    return p.bias + s.b * p.bias_batch + s.h * p.bias_head + (i64)i * p.bias_row;
+#else
+    return 0;
+#endif
+}
