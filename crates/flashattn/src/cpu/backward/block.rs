@@ -30,6 +30,7 @@
 
 use std::ops::Range;
 
+use crate::cpu::CpuElement;
 use crate::cpu::SharedOut;
 use crate::cpu::backward::bias_grad::{BiasGrad, TileFold};
 use crate::cpu::backward::{Inputs, Layouts};
@@ -40,7 +41,6 @@ use crate::cpu::simd::exp::exp2_shifted_sum;
 use crate::cpu::simd::microkernel::{
     PANEL, PairOffsets, PanelStrides, Write, panels_product, softmax_grad_product,
 };
-use crate::cpu::CpuElement;
 use crate::cpu::simd::transpose::transpose;
 use crate::mask::Mask;
 use crate::problem::{Problem, RowLayout};
