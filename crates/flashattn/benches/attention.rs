@@ -5,7 +5,7 @@
 //! `flashattn::forward` and `flashattn::backward`, and `flashattn::backward_into` writing into
 //! the gradients of an untimed first call, as the sgemm writes into a kept C: the allocating
 //! `backward` also pays for fresh pages whenever the allocator has given its last call's
-//! gradients back to the system (see `docs/benchmarks-journal.md`, "Backward and fresh pages");
+//! gradients back to the system (see BENCHMARKS.md);
 //! and the forward at N=1024 with each score option (softcap 30, ALiBi, a `[1, 1, N, N]` bias),
 //! group `options`, and with head-major `[B, H, N, D]` storage, group `head_major`.
 //! FLOPs by the usual count: `4·B·H·N²·D` for the
