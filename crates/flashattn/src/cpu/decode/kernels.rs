@@ -158,17 +158,17 @@ pub(super) fn values_panels(
     ahead.fetch_from(n);
 }
 
-/// `S = Q · Kᵀ` as dot products of K's rows in place with the kernels of `level` (not
-/// [`Level::Panels`]), a few heads at a time (see [`avx512::scores`], [`avx2::scores`]).
+/// `S = Q · Kᵀ` as dot products of K's rows in place with the kernels of this CPU's [`level`]
+/// (not [`Level::Panels`]), a few heads at a time (see [`avx512::scores`], [`avx2::scores`]).
 #[cfg(target_arch = "x86_64")]
 pub(super) fn scores_in_place<E: InPlace>(
-    level: Level,
     q: &[f32],
     s: &mut [f32],
     (d, n): (usize, usize),
     k: KeyRows<E>,
     ahead: &RowsAhead,
 ) {
+    let level = level();
     assert!(level != Level::Panels, "decode: no in-place kernels");
     let heads = q.len() / d;
     let (rows, k_rs) = (k.checked(n, d, "K"), k.stride);
@@ -186,7 +186,7 @@ pub(super) fn scores_in_place<E: InPlace>(
         let q = (q[g0 * d..].as_ptr(), d);
         let s = (s[g0 * BLOCK..].as_mut_ptr(), BLOCK);
         let k = (rows.as_ptr(), k_rs);
-        // SAFETY: `level` names kernels this CPU runs ([`level`]); heads g0..g0 + hp have rows
+        // SAFETY: `level` is this CPU's ([`level`]); heads g0..g0 + hp have rows
         // of q (d each) and of s (BLOCK each, a multiple of 16 and at least n), and the n rows
         // of K lie inside `rows` (asserted above).
         unsafe {
@@ -226,19 +226,19 @@ macro_rules! accumulate {
     };
 }
 
-/// `O += P · V` with the kernels of `level` (not [`Level::Panels`]): `GH × CW` blocks of
-/// accumulators, up to 4 heads by up to 8 vectors of value dims (see
+/// `O += P · V` with the kernels of this CPU's [`level`] (not [`Level::Panels`]): `GH × CW`
+/// blocks of accumulators, up to 4 heads by up to 8 vectors of value dims (see
 /// [`avx512::accumulate`], [`avx2::accumulate`]), at most 16 accumulators with AVX-512's 32
 /// registers and 12 with AVX2's 16.
 #[cfg(target_arch = "x86_64")]
 pub(super) fn values_in_place<E: InPlace>(
-    level: Level,
     o: &mut [f32],
     p: &[f32],
     (dv, n): (usize, usize),
     v: KeyRows<E>,
     ahead: &RowsAhead,
 ) {
+    let level = level();
     assert!(level != Level::Panels, "decode: no in-place kernels");
     let heads = o.len() / dv;
     let (rows, v_rs) = (v.checked(n, dv, "V"), v.stride);
@@ -270,7 +270,7 @@ pub(super) fn values_in_place<E: InPlace>(
             let o = (o[g0 * dv + c0 * lanes..].as_mut_ptr(), dv);
             let p = (p[g0 * BLOCK..].as_ptr(), BLOCK);
             let v = (rows[c0 * lanes..].as_ptr(), v_rs);
-            // SAFETY: `level` names kernels this CPU runs ([`level`]); heads g0..g0 + gh have
+            // SAFETY: `level` is this CPU's ([`level`]); heads g0..g0 + gh have
             // rows of o (dv each, of which columns lanes·c0.. + lanes·cw) and of p (n
             // probabilities each), and the n rows of V lie inside `rows` (asserted above).
             unsafe {

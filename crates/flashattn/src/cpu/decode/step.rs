@@ -306,13 +306,13 @@ impl Group<'_> {
         match rows {
             #[cfg(target_arch = "x86_64")]
             Rows::F32(k, _) if level != Level::Panels => {
-                scores_in_place(level, q, s, (d, n), k, &ahead[0])
+                scores_in_place(q, s, (d, n), k, &ahead[0])
             }
             Rows::F32(k, _) => scores_panels(q, self.kt, s, (d, n), k, &ahead[0]),
             #[cfg(target_arch = "x86_64")]
-            Rows::Bf16(k, _) => scores_in_place(level, q, s, (d, n), k, &ahead[0]),
+            Rows::Bf16(k, _) => scores_in_place(q, s, (d, n), k, &ahead[0]),
             #[cfg(target_arch = "x86_64")]
-            Rows::F16(k, _) => scores_in_place(level, q, s, (d, n), k, &ahead[0]),
+            Rows::F16(k, _) => scores_in_place(q, s, (d, n), k, &ahead[0]),
         }
         let width = n.next_multiple_of(LANES);
         let mut tile_max = [f32::NEG_INFINITY; LANES];
@@ -345,13 +345,13 @@ impl Group<'_> {
         match rows {
             #[cfg(target_arch = "x86_64")]
             Rows::F32(_, v) if level != Level::Panels => {
-                values_in_place(level, o, s, (dv, n), v, &ahead[1])
+                values_in_place(o, s, (dv, n), v, &ahead[1])
             }
             Rows::F32(_, v) => values_panels(o, s, (dv, n), v, &ahead[1]),
             #[cfg(target_arch = "x86_64")]
-            Rows::Bf16(_, v) => values_in_place(level, o, s, (dv, n), v, &ahead[1]),
+            Rows::Bf16(_, v) => values_in_place(o, s, (dv, n), v, &ahead[1]),
             #[cfg(target_arch = "x86_64")]
-            Rows::F16(_, v) => values_in_place(level, o, s, (dv, n), v, &ahead[1]),
+            Rows::F16(_, v) => values_in_place(o, s, (dv, n), v, &ahead[1]),
         }
     }
 }

@@ -29,8 +29,12 @@ pub(crate) fn for_each_in_runs<T: Sync>(
     if tasks.is_empty() {
         return;
     }
-    // A run's range is packed as two 32-bit halves.
-    debug_assert!(u32::try_from(tasks.len()).is_ok());
+    // A run's range is packed as two 32-bit halves; a task left out would leave its outputs
+    // unwritten, which callers then take as written.
+    assert!(
+        u32::try_from(tasks.len()).is_ok(),
+        "schedule: too many tasks"
+    );
     let threads = rayon::current_num_threads().min(tasks.len());
     let runs = cut(tasks, runs.min(threads), cost);
     // One job a thread, each taking tasks until none is left.
