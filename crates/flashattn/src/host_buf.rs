@@ -40,11 +40,10 @@ static HUGE_PAGES: AtomicU8 = AtomicU8::new(0);
 
 /// Whether the buffers flashattn allocates from now on, when they take 2 MiB or more, start on
 /// a 2 MiB boundary and are advised as transparent huge pages on Linux (on, the default, unless
-/// the environment variable `FLASHATTN_HUGE_PAGES=0`). The kernels walk strided rows a head at a
-/// time, which on 4 KiB pages misses the TLB every second row; the backward runs about 1% faster
-/// on huge pages. Whether the kernel grants them is up to its setting
-/// (`/sys/kernel/mm/transparent_hugepage/enabled`: `always` or `madvise`, not `never`); buffers
-/// of your own (`Tensor::from_vec`) are used as they are.
+/// the environment variable `FLASHATTN_HUGE_PAGES=0`): the kernels walk strided rows a head at a
+/// time, which on 4 KiB pages misses the TLB every second row. Whether the kernel grants them is
+/// up to its setting (`/sys/kernel/mm/transparent_hugepage/enabled`: `always` or `madvise`, not
+/// `never`); buffers of your own (`Tensor::from_vec`) are used as they are.
 pub fn set_huge_pages(on: bool) {
     HUGE_PAGES.store(if on { 2 } else { 1 }, Ordering::Relaxed);
 }
@@ -158,7 +157,7 @@ pub(crate) fn spare<T>(buf: &mut AVec<T, RuntimeAlign>, n: usize) -> &mut [Maybe
 
 /// Runs `f(at, piece)` over `dst` in pieces, `at` the index of the piece's first element: in
 /// one piece, or from [`PARALLEL_FILL_BYTES`] on in chunks on rayon's threads (the CPU backend
-/// fills its own buffers on its fork-join instead: `cpu::fill_with`).
+/// fills its own buffers through its task queue instead: `cpu::fill_with`).
 pub(crate) fn fill_with<T: Send>(dst: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
     match parallel_chunk::<T>(dst.len()) {
         None => f(0, dst),

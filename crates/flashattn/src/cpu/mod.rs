@@ -68,8 +68,8 @@ impl Backend for Cpu {
     }
 }
 
-/// [`host_buf::fill_with`] on the kernels' own threads ([`schedule::for_each_chunk`], which
-/// the caller joins at once), for the buffers of the CPU backend.
+/// [`host_buf::fill_with`] through the kernels' task queue ([`schedule::for_each_chunk`]: one
+/// job a thread, each taking chunks in order), for the buffers of the CPU backend.
 pub(crate) fn fill_with<T: Send>(dst: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
     match host_buf::parallel_chunk::<T>(dst.len()) {
         None => f(0, dst),

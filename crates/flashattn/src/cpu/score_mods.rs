@@ -60,12 +60,8 @@ multiversion! {
     /// of `mods`: softcap, ALiBi and bias, then `· log2(e)`; returns each lane's maximum of the
     /// result. Only call when [`ScoreMods::any`].
     ///
-    /// Element by element, with the bias read down its query dimension, this took 1.4× (ALiBi)
-    /// and 1.7× (bias) the time of a forward without them (f32, B=1, H=8, N=1024, D=64, 2
-    /// threads); as passes compiled for the baseline SSE2, ALiBi and `log2(e)` were still 12% of
-    /// a one-thread forward.
-    ///
-    /// The pass is compiled for the widest SIMD level the CPU has.
+    /// One pass over the panel, compiled for the widest SIMD level the CPU has: element by
+    /// element, or compiled for the baseline SSE2, the options cost a large share of a forward.
     pub(crate) fn apply_score_mods(
         mods: &ScoreMods<'_>,
         s: &mut [f32],

@@ -300,12 +300,10 @@ fn load_uncached(
 }
 
 /// Measures both costs of `src` on GPU `ordinal` regardless of the caches: a fresh NVRTC compile
-/// and then a load from the disk cache (with the disk cache off, or before `src` was first used,
-/// a compile that fills it). The CUDA stack keeps a compile cache of its own
-/// (`~/.nv/ComputeCache`) that sees through comments and typedefs, so the fresh compile gets the
-/// source with an empty kernel of a unique name appended. That compile is not written to the disk cache. Returns the record
-/// of the compile (its `load_ms` is the module load after it) and the record of the cached load;
-/// both are also appended to [`compile_records`].
+/// (of the source with an empty kernel of a unique name appended, which the CUDA stack's own
+/// `~/.nv/ComputeCache` cannot have; not written to the disk cache), then a load through the
+/// disk cache (a compile, when the cache is off or lacks `src`). Returns both records (the
+/// compile's `load_ms` is the module load after it), also appended to [`compile_records`].
 pub fn measure_compile(
     ordinal: usize,
     src: &KernelSource,

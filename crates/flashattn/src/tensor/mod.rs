@@ -65,13 +65,10 @@ fn checked_numel(shape: &[usize]) -> Option<usize> {
 
 impl Tensor {
     /// A contiguous (row-major) tensor that owns `data` (moved, not copied), which must hold
-    /// exactly the shape's element count. The CPU kernels read fastest from rows that start on
-    /// 64-byte cache lines; a `Vec` starts wherever the allocator put it (16 bytes past a line,
-    /// for large ones), which costs up to 2% (short sequences, the backward), and on 4 KiB pages,
-    /// which cost the backward about 1% (see [`crate::set_huge_pages`]). [`Tensor::full`],
-    /// [`Tensor::from_slice`] (a copy), conversions and the outputs of flashattn start on a
-    /// line, and from 2 MiB on on a huge page; for a buffer of your own,
-    /// [`Tensor::from_vec_strided`] takes an offset into it.
+    /// exactly the shape's element count. A `Vec` starts wherever the allocator put it, while the
+    /// CPU kernels read a little faster from buffers that start on a cache line and huge pages,
+    /// as [`Tensor::from_slice`] (a copy), [`Tensor::full`] and flashattn's outputs do (see
+    /// [`crate::set_huge_pages`]; [`Tensor::from_vec_strided`] takes an offset into your own).
     ///
     /// ```
     /// use flashattn::Tensor;

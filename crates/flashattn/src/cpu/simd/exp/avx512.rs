@@ -59,8 +59,8 @@ const THIRTY_SECONDS: f32 = 393_216.0;
 /// `2^(k/32)` comes from [`TABLE`] (one `vpermt2ps`, which reads those low bits) and `2^n` is
 /// applied by `vscalefps` (which takes `n` as the floor of `n + k/32`). Of its instructions
 /// only the two FMAs and the multiply compete with the products for the FMA pipes (on Zen 5
-/// the adds, maxima and `vscalefps` run beside them). Relative
-/// error within 1.5e-7 (the AVX2 and scalar paths' degree-6 polynomial: 1.2e-7).
+/// the adds, maxima and `vscalefps` run beside them). Relative error within 1.5e-7 (the
+/// portable path's degree-6 polynomial: 1.2e-7).
 /// `CAP_ABOVE = false` skips the upper clamp, for arguments known to be ≤ 0. NaN gives NaN:
 /// the clamps take `x` as their second operand, which `vmaxps`/`vminps` return for NaN.
 #[inline]

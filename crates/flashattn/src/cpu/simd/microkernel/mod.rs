@@ -196,7 +196,6 @@ impl Block {
 
 /// The product on `W` panels with the kernels of `simd` (at most the CPU's level).
 #[allow(clippy::too_many_arguments)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 fn product<const W: usize>(
     simd: Simd,
     c: &mut [f32],
