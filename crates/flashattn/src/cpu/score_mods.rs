@@ -255,9 +255,8 @@ fn bias_block(
 ///
 /// Each lane's visible keys are one run `lo[l]..hi[l]` of the panel's rows, so a row is a
 /// branch-free select of 16 lanes against those bounds (vectorized by the compiler), and the
-/// rows every lane sees are skipped. (Per-element scalar stores were 12% of a 1-thread forward
-/// with window (0, 0) at N=1024, D=64; this is 4.6%. Compiled for AVX-512 the compiler
-/// vectorized across rows instead, and a causal forward's share of it rose 0.6% → 1.6%.)
+/// rows every lane sees are skipped (it stays compiled for the baseline: for AVX-512 the
+/// compiler vectorizes across rows instead, which was slower).
 pub(crate) fn apply_mask(
     mask: &Mask,
     s: &mut [f32],

@@ -199,8 +199,7 @@ fn shifted_vectors<const V: usize, const CAP_ABOVE: bool, const FOLD: bool>(
 }
 
 /// Adds a step's vectors `e` (2 or 8) to `sums`: the even ones to the first, the odd ones to
-/// the second, in pairs (a shorter chain than one running sum: with eight vectors a step, a
-/// running sum made the panel pass 25% slower).
+/// the second, in pairs (a shorter dependency chain than one running sum).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn add_step<const V: usize>(sums: &mut [__m256; 2], e: [__m256; V]) {

@@ -6,8 +6,7 @@
 //!
 //! The portable path computes `2^x = 2^n · 2^f` with `n = round(x)` and `f ∈ [−½, ½]`; `2^f` is
 //! a degree-6 polynomial (Chebyshev fit, relative error 1.8e-8 before f32 rounding, so within
-//! ~2 ulp overall). A degree-5 fit (1.7e-7) measured 10% faster per vector, about 1% of the
-//! forward, but raised the forward's worst f32 errors by about 20%; accuracy was kept. Inputs
+//! ~2 ulp overall; a degree-5 fit was barely faster and less accurate in the forward). Inputs
 //! below −127 give 0 (−∞ included, so masked scores vanish); inputs above +127 are clamped.
 //!
 //! AVX-512 has a cheaper route to nearly the same accuracy (see `avx512`): a table of

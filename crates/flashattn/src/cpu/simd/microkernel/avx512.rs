@@ -307,8 +307,7 @@ unsafe fn block_exp<const R: usize, const W: usize>(
 /// operand of its FMA (`vfmadd231ps zmm, zmm, m32{1to16}`).
 ///
 /// That pays in [`block_exp`] only, whose exponentials keep the vector pipes beside the FMA
-/// ones busy, where a separate `vbroadcastss zmm` also costs about half a cycle (a step of 16
-/// FMAs and two exponentials: 30 cycles with shared broadcasts, 25 with folded ones). The plain
+/// ones busy, where a separate `vbroadcastss zmm` also costs about half a cycle. The plain
 /// blocks' FMAs alone set their pace, so they keep the shared broadcast (see BENCHMARKS.md).
 #[inline(always)]
 #[allow(

@@ -22,8 +22,8 @@
 //! | portable | plain Rust                     |
 //!
 //! The pair's 24 accumulators need 14 loads per 24 FMAs (two `B` rows, twelve broadcasts); a
-//! single panel's 24 need 25, which is what holds it back (the pair ran at 99% of the peak,
-//! 24 × 1 at 91%). Without AVX-512 a pair is two single-panel products.
+//! single panel's 24 need 25, which is what holds it back. Without AVX-512 a pair is two
+//! single-panel products.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
