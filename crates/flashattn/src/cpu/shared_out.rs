@@ -63,7 +63,8 @@ impl<'a, T: Copy> SharedOut<'a, T> {
     /// Writes `values` at `start..start + values.len()`.
     ///
     /// # Safety
-    /// No other task may read or write these indices during the parallel region.
+    /// No other task may read or write these indices during the parallel region, and `values`
+    /// yields exactly `values.len()` items (the bounds check trusts it).
     #[inline]
     pub(crate) unsafe fn write_row(&self, start: usize, values: impl ExactSizeIterator<Item = T>) {
         assert!(
