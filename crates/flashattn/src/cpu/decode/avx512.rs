@@ -21,8 +21,8 @@ pub(super) trait Load: Copy {
     unsafe fn load(p: *const Self, n: usize) -> __m512;
 }
 
-/// 16 two-byte elements (f16 or bf16 bits) at `p` as 16-bit lanes: loaded directly when `n ≥ 16` are readable,
-/// else the first `n` from a zero-padded copy (a row's last, short chunk).
+/// 16 two-byte elements (f16 or bf16 bits) at `p` as 16-bit lanes: loaded directly when
+/// `n ≥ 16` are readable, else the first `n` from a zero-padded copy (a row's last, short chunk).
 ///
 /// # Safety
 /// AVX-512F must be available and `p..p + min(n, 16)` readable.
