@@ -10,7 +10,7 @@
 // GRPT rows, so every K and V value read from shared memory feeds GRPT rows), GK_F64 (K staged
 // as f64: the dot products then convert only Q, whose value feeds BCG/8 keys). With K in f32 the
 // loop is bounded by the f32 -> f64 conversion of both operands of every f64 FMA (a quarter-rate
-// instruction); src/cuda/tile_config.rs picks GRPT and GK_F64 per head dim (see BENCHMARKS.md).
+// instruction); src/cuda/tile_config.rs picks GRPT and GK_F64 per head dim (measured in kernels/README.md).
 
 #ifndef GRPT
 #define GRPT 1

@@ -9,9 +9,7 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
-use super::simd::multiversion;
-#[cfg(target_arch = "x86_64")]
-use super::simd::{Simd, cpu_simd};
+use super::simd::{kernels, multiversion};
 use crate::tensor::HostElement;
 
 /// An element type of the CPU kernels: a host element with the row conversions of this module.
@@ -64,31 +62,32 @@ impl CpuElement for bf16 {
 /// `vcvtph2ps`; otherwise `half`'s slice conversion (F16C where the CPU has it).
 pub(crate) fn widen_f16(src: &[f16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "widen_f16: lengths differ");
-    #[cfg(target_arch = "x86_64")]
-    if cpu_simd() == Simd::Avx512 {
-        // SAFETY: the CPU supports AVX-512F; the lengths are equal (asserted).
-        return unsafe { widen_f16_avx512(src, dst) };
-    }
-    src.convert_to_f32_slice(dst);
+    (kernels().widen_f16)(src, dst);
 }
 
 /// `dst[i] = src[i]` rounded to the nearest f16, ties to even. Equal lengths. With AVX-512F,
 /// 16 elements per `vcvtps2ph`; otherwise `half`'s slice conversion.
 pub(crate) fn narrow_f16(src: &[f32], dst: &mut [f16]) {
     assert_eq!(src.len(), dst.len(), "narrow_f16: lengths differ");
-    #[cfg(target_arch = "x86_64")]
-    if cpu_simd() == Simd::Avx512 {
-        // SAFETY: the CPU supports AVX-512F; the lengths are equal (asserted).
-        return unsafe { narrow_f16_avx512(src, dst) };
-    }
+    (kernels().narrow_f16)(src, dst);
+}
+
+/// [`widen_f16`] by `half` (F16C where the CPU has it), the levels below AVX-512.
+pub(crate) fn widen_f16_half(src: &[f16], dst: &mut [f32]) {
+    src.convert_to_f32_slice(dst);
+}
+
+/// [`narrow_f16`] by `half`, the levels below AVX-512.
+pub(crate) fn narrow_f16_half(src: &[f32], dst: &mut [f16]) {
     dst.convert_from_f32_slice(src);
 }
 
-/// [`widen_f16`] with AVX-512F. Safety: AVX-512F available, equal lengths.
+/// [`widen_f16`] with AVX-512F. Safety: AVX-512F available. Panics if the lengths differ.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn widen_f16_avx512(src: &[f16], dst: &mut [f32]) {
+pub(crate) unsafe fn widen_f16_avx512(src: &[f16], dst: &mut [f32]) {
     use std::arch::x86_64::*;
+    assert_eq!(src.len(), dst.len(), "widen_f16: lengths differ");
     let whole = src.len() / 16 * 16;
     for i in (0..whole).step_by(16) {
         // SAFETY: elements i..i + 16 lie inside both slices (i + 16 ≤ whole ≤ len).
@@ -100,11 +99,12 @@ unsafe fn widen_f16_avx512(src: &[f16], dst: &mut [f32]) {
     src[whole..].convert_to_f32_slice(&mut dst[whole..]);
 }
 
-/// [`narrow_f16`] with AVX-512F. Safety: AVX-512F available, equal lengths.
+/// [`narrow_f16`] with AVX-512F. Safety: AVX-512F available. Panics if the lengths differ.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn narrow_f16_avx512(src: &[f32], dst: &mut [f16]) {
+pub(crate) unsafe fn narrow_f16_avx512(src: &[f32], dst: &mut [f16]) {
     use std::arch::x86_64::*;
+    assert_eq!(src.len(), dst.len(), "narrow_f16: lengths differ");
     let whole = src.len() / 16 * 16;
     for i in (0..whole).step_by(16) {
         // SAFETY: elements i..i + 16 lie inside both slices (i + 16 ≤ whole ≤ len).
@@ -157,20 +157,16 @@ fn narrow_rows(src: &[f32], dst: &mut [bf16]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::simd::{Kernels, Simd};
     use rand::{RngExt, SeedableRng, rngs::StdRng};
 
-    /// f16 rows against `half`'s scalar conversions, bit for bit: every f16 widened, and a
-    /// million random f32 bit patterns narrowed (every class: zeros, subnormals, normals,
-    /// infinities, NaNs of both signs), plus the edges of f16 rounding; rows of every length
-    /// up to 40, so that the 16-element steps and the tails both run.
+    /// f16 rows against `half`'s scalar conversions, bit for bit, at every level the CPU has:
+    /// every f16 widened, and a million random f32 bit patterns narrowed (every class: zeros,
+    /// subnormals, normals, infinities, NaNs of both signs), plus the edges of f16 rounding;
+    /// rows of every length up to 40, so that the 16-element steps and the tails both run.
     #[test]
     fn f16_conversions_match_half() {
         let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
-        let mut wide = vec![f32::NAN; all.len()];
-        widen_f16(&all, &mut wide);
-        for (&got, &h) in wide.iter().zip(&all) {
-            assert_eq!(got.to_bits(), h.to_f32().to_bits(), "{:#x}", h.to_bits());
-        }
         let seed = 0x05EE_DF16;
         println!("seed {seed:#x}");
         let mut rng = StdRng::seed_from_u64(seed);
@@ -184,18 +180,31 @@ mod tests {
         ]);
         bits.extend((0..1 << 20).map(|_| rng.random::<u32>()));
         let x: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
-        let mut narrow = vec![f16::from_bits(0x1234); x.len()];
-        narrow_f16(&x, &mut narrow);
-        for (i, (&got, &v)) in narrow.iter().zip(&x).enumerate() {
-            let want = f16::from_f32(v).to_bits();
-            assert_eq!(got.to_bits(), want, "{:#x} (#{i})", bits[i]);
-        }
-        for len in 0..=40 {
-            let mut w = vec![f32::NAN; len];
-            widen_f16(&narrow[7..7 + len], &mut w);
-            let mut n = vec![f16::from_bits(0x1234); len];
-            narrow_f16(&w, &mut n);
-            assert_eq!(n, &narrow[7..7 + len], "length {len}");
+        for level in Simd::available() {
+            let k = Kernels::of(level);
+            let mut wide = vec![f32::NAN; all.len()];
+            (k.widen_f16)(&all, &mut wide);
+            for (&got, &h) in wide.iter().zip(&all) {
+                assert_eq!(
+                    got.to_bits(),
+                    h.to_f32().to_bits(),
+                    "{level} {:#x}",
+                    h.to_bits()
+                );
+            }
+            let mut narrow = vec![f16::from_bits(0x1234); x.len()];
+            (k.narrow_f16)(&x, &mut narrow);
+            for (i, (&got, &v)) in narrow.iter().zip(&x).enumerate() {
+                let want = f16::from_f32(v).to_bits();
+                assert_eq!(got.to_bits(), want, "{level} {:#x} (#{i})", bits[i]);
+            }
+            for len in 0..=40 {
+                let mut w = vec![f32::NAN; len];
+                (k.widen_f16)(&narrow[7..7 + len], &mut w);
+                let mut n = vec![f16::from_bits(0x1234); len];
+                (k.narrow_f16)(&w, &mut n);
+                assert_eq!(n, &narrow[7..7 + len], "{level} length {len}");
+            }
         }
     }
 

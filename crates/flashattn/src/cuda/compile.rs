@@ -281,7 +281,7 @@ fn load_uncached(
     use_disk: bool,
 ) -> Result<(CudaFunction, CompileRecord)> {
     let path = cache_dir()
-        .filter(|_| use_disk)
+        .filter(|d| use_disk && disk_cache::trusted_dir(d))
         .map(|d| d.join(format!("{}-{}-{key:032x}.cubin", src.name, gpu.arch)));
     let (f, outcome) = disk_cache::load_or_build(
         path.as_deref(),

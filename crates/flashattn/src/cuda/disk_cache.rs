@@ -6,7 +6,8 @@
 //! check is treated as missing: the kernel is compiled again and the entry rewritten. A
 //! checksummed entry the driver still refuses is rebuilt the same way. Writes go through a
 //! temporary file renamed into place, so a reader never sees half an entry, and the folder is
-//! created private to the user (mode 0700 on unix).
+//! created private to the user (mode 0700 on unix); an existing one of this user is made private,
+//! another user's is not used.
 
 use std::path::Path;
 use std::time::Instant;
@@ -91,6 +92,30 @@ fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     #[cfg(unix)]
     std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
     builder.create(dir)
+}
+
+/// Whether `dir` may hold the cache: absent (it is then created private), or owned by this user,
+/// in which case a folder others may read or write is made private first. Another user's
+/// folder is refused, since a checksum catches damage, not a planted cubin.
+pub(crate) fn trusted_dir(dir: &Path) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let Ok(meta) = std::fs::metadata(dir) else {
+            return true;
+        };
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if !meta.is_dir() || meta.uid() != unsafe { libc::geteuid() } {
+            return false;
+        }
+        if meta.mode() & 0o077 != 0 {
+            let private = std::fs::Permissions::from_mode(0o700);
+            return std::fs::set_permissions(dir, private).is_ok();
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = dir;
+    true
 }
 
 /// Writes the entry for `key` to `path` through a temporary file in the same folder and a rename.
@@ -370,5 +395,27 @@ mod tests {
         .unwrap();
         assert_eq!((got, builds.get()), (vec![1, 2, 3], 1));
         assert_eq!(outcome.bad, Some(Unusable::Missing));
+    }
+
+    /// A folder of this user that others may use is made private; an absent one is accepted
+    /// (writing creates it 0700); a file in the folder's place is refused.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn only_a_private_folder_of_this_user_is_trusted() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = scratch("trusted");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mode = |d: &Path| std::fs::metadata(d).unwrap().permissions().mode() & 0o777;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(trusted_dir(&dir));
+        assert_eq!(mode(&dir), 0o700);
+        let fresh = dir.join("a").join("b");
+        assert!(trusted_dir(&fresh));
+        write(&fresh.join("entry.cubin"), KEY, &payload(10, 9)).unwrap();
+        assert_eq!(mode(&fresh), 0o700);
+        let file = dir.join("plain-file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(!trusted_dir(&file));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -3,6 +3,7 @@
 
 use super::{Kernels, TransposeBlock, checked};
 use super::{elementwise, exp, lanes, softcap, transpose};
+use crate::cpu::convert;
 use crate::cpu::decode::Level;
 use crate::cpu::simd::exp::LANES;
 use crate::cpu::simd::microkernel::{PanelKernels, avx2 as panels};
@@ -25,6 +26,8 @@ pub(super) static KERNELS: Kernels = Kernels {
     lane_lse,
     softcap,
     dot: elementwise::portable::dot,
+    widen_f16: convert::widen_f16_half,
+    narrow_f16: convert::narrow_f16_half,
     transpose_blocks: &TRANSPOSE_BLOCKS,
     panels: PanelKernels {
         product: panels::product_panels,

@@ -23,6 +23,8 @@ pub(crate) mod transpose;
 
 use std::sync::OnceLock;
 
+use half::f16;
+
 #[cfg(target_arch = "x86_64")]
 use super::decode::Level as DecodeLevel;
 use exp::LANES;
@@ -52,6 +54,9 @@ pub(crate) struct Kernels {
     pub(crate) softcap: fn(&mut [f32], f32, Option<&mut [f32]>),
     /// See `elementwise::dot`.
     pub(crate) dot: fn(&[f32], &[f32]) -> f32,
+    /// See `convert::widen_f16` and `convert::narrow_f16`.
+    pub(crate) widen_f16: fn(&[f16], &mut [f32]),
+    pub(crate) narrow_f16: fn(&[f32], &mut [f16]),
     /// The square blocks a transpose moves in registers, widest first (see `transpose`).
     pub(crate) transpose_blocks: &'static [(usize, TransposeBlock)],
     /// The panel products (see `microkernel`).

@@ -2,6 +2,7 @@
 
 use super::Kernels;
 use super::{elementwise, exp, lanes, softcap};
+use crate::cpu::convert;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::decode::Level;
 use crate::cpu::simd::microkernel::{PanelKernels, portable as panels};
@@ -14,6 +15,8 @@ pub(super) static KERNELS: Kernels = Kernels {
     lane_lse: lanes::portable::lane_lse,
     softcap: softcap::portable::softcap,
     dot: elementwise::portable::dot,
+    widen_f16: convert::widen_f16_half,
+    narrow_f16: convert::narrow_f16_half,
     transpose_blocks: &[],
     panels: PanelKernels {
         product: panels::product,
