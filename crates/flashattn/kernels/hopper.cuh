@@ -28,6 +28,12 @@ __device__ __forceinline__ u32 sw128_k_offset(int ks, int rows) {
     return (u32)((ks >> 2) * rows * 128 + (ks & 3) * 32);
 }
 
+// Byte offset of 16-bit element (r, c) in a K-major 128B-swizzled tile of `rows` rows: for tiles
+// written by ordinary stores (then `fence_proxy_async`) instead of TMA.
+__device__ __forceinline__ u32 sw128_offset(int r, int c, int rows) {
+    return (u32)((c >> 6) * rows * 128 + r * 128 + ((((c >> 3) & 7) ^ (r & 7)) << 4) + (c & 7) * 2);
+}
+
 // ---- Warpgroup MMA ------------------------------------------------------------------------------
 
 // Orders this thread's earlier register and shared-memory accesses before the wgmmas that follow

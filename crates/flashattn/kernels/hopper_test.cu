@@ -1,6 +1,7 @@
 // Test kernels of the Hopper vocabulary (hopper.cuh): one warpgroup computes C[64 x TILE_N] =
-// A[64 x TILE_K] * B[TILE_N x TILE_K]^T in f32, with wgmma SS (A and B loaded by TMA) and RS (B by
-// TMA, A's fragments read from global memory into registers). Pasted after types.cuh, mma.cuh and
+// A[64 x TILE_K] * B[TILE_N x TILE_K]^T in f32, with wgmma SS (A and B loaded by TMA, or written by
+// ordinary stores into the swizzled layout) and RS (B by TMA, A's fragments read from global memory
+// into registers). A and B are row-major in global memory (TILE_K elements a row). Pasted after types.cuh, mma.cuh and
 // hopper.cuh behind `#define`s of ELEM_BF16 or ELEM_F16, TILE_N (64, 128, 256) and TILE_K (a
 // multiple of 64). Launch: one block of 128 threads with 1024 + A_BYTES + B_BYTES bytes of dynamic
 // shared memory (the tiles start 1024-aligned: the dynamic base is rounded up).
@@ -52,13 +53,8 @@ __device__ __forceinline__ void poison_acc(float (&acc)[TILE_N / 2]) {
     for (int i = 0; i < TILE_N / 2; ++i) acc[i] = NAN_F;
 }
 
-extern "C" __global__ void __launch_bounds__(128, 1)
-    hopper_test_ss(const __grid_constant__ TmaMap a_map, const __grid_constant__ TmaMap b_map, float* c) {
-    extern __shared__ __align__(1024) unsigned char smem[];
-    __shared__ __align__(8) u64 bar;
-    const TestTiles t = test_tiles(smem);
-    load_tiles(t, &a_map, &b_map, true, smem_addr(&bar));
-
+// acc = A * B^T by wgmma SS over the tiles at `t`, then written to `c`.
+__device__ __forceinline__ void mma_ss_and_store(float* c, TestTiles t) {
     float acc[TILE_N / 2];
     poison_acc(acc);
     wgmma_fence_operands(acc);
@@ -74,7 +70,37 @@ extern "C" __global__ void __launch_bounds__(128, 1)
     store_acc(c, acc);
 }
 
-// `a` is A row-major (TILE_K elements a row); each thread reads its fragments as b32 pairs.
+extern "C" __global__ void __launch_bounds__(128, 1)
+    hopper_test_ss(const __grid_constant__ TmaMap a_map, const __grid_constant__ TmaMap b_map, float* c) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    __shared__ __align__(8) u64 bar;
+    const TestTiles t = test_tiles(smem);
+    load_tiles(t, &a_map, &b_map, true, smem_addr(&bar));
+    mma_ss_and_store(c, t);
+}
+
+// Copies a ROWS x TILE_K tile from global memory (b32 pairs) into the swizzled layout at `dst`.
+template <int ROWS>
+__device__ __forceinline__ void store_tile(u32 dst, const u32* src) {
+    for (int p = threadIdx.x; p < ROWS * TILE_K / 2; p += 128) {
+        const int r = p / (TILE_K / 2), col = 2 * (p % (TILE_K / 2));
+        asm volatile("st.shared.b32 [%0], %1;" ::"r"(dst + sw128_offset(r, col, ROWS)), "r"(src[p]) : "memory");
+    }
+}
+
+// The SS product with the tiles written by ordinary stores: exercises `sw128_offset` and
+// `fence_proxy_async` (each writer fences, then the barrier, then wgmma reads).
+extern "C" __global__ void __launch_bounds__(128, 1) hopper_test_ss_stores(const u32* a, const u32* b, float* c) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const TestTiles t = test_tiles(smem);
+    store_tile<64>(t.a, a);
+    store_tile<TILE_N>(t.b, b);
+    fence_proxy_async();
+    __syncthreads();
+    mma_ss_and_store(c, t);
+}
+
+// Each thread reads its A fragments from `a` as b32 pairs.
 extern "C" __global__ void __launch_bounds__(128, 1)
     hopper_test_rs(const __grid_constant__ TmaMap b_map, const u32* a, float* c) {
     extern __shared__ __align__(1024) unsigned char smem[];
