@@ -243,6 +243,7 @@ fn wgmma_ss_and_rs_match_an_f64_product() {
             shared_mem_bytes: smem,
         };
         for form in FORMS {
+            let what = format!("{} {form} (seed {seed})", src.name);
             let f = module
                 .load_function(&format!("hopper_test_{form}"))
                 .expect("entry");
@@ -264,10 +265,11 @@ fn wgmma_ss_and_rs_match_an_f64_product() {
             // SAFETY: the parameters match the kernel's (tensor maps of live allocations of the
             // stated shapes, A of 64 x K and B of N x K elements, C of 64 x N f32); one block of
             // 128 threads with the dynamic shared memory the kernel uses.
-            unsafe { launch.launch(cfg) }.expect("launch");
-            stream.synchronize().expect("the kernel runs");
+            unsafe { launch.launch(cfg) }.unwrap_or_else(|e| panic!("{what}: launch: {e:?}"));
+            stream
+                .synchronize()
+                .unwrap_or_else(|e| panic!("{what}: the kernel failed: {e:?}"));
             let c = stream.clone_dtoh(&c_dev).expect("download C");
-            let what = format!("{} {form} (seed {seed})", src.name);
             match check(&c, &a, &b, n, k) {
                 Ok(worst) => println!("{what}: worst error {worst:.3} of the bound"),
                 Err(e) => failures.push(format!("{what}: {e}")),
