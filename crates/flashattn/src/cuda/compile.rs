@@ -86,8 +86,14 @@ enum Output {
     Cubin,
 }
 
-/// Compiles `src` for `arch` and returns the PTX or the cubin bytes.
-fn nvrtc_compile(src: &KernelSource, arch: &str, output: Output) -> Result<Vec<u8>> {
+/// Compiles `src` for `arch` with `extra` options after the usual ones; returns the PTX or the
+/// cubin bytes and NVRTC's log (ptxas's messages included when a cubin is built).
+fn nvrtc_compile(
+    src: &KernelSource,
+    arch: &str,
+    output: Output,
+    extra: &[&str],
+) -> Result<(Vec<u8>, String)> {
     nvrtc_present()?;
     let code = CString::new(src.code.as_str()).map_err(|_| Error::Compile {
         kernel: src.name.clone(),
@@ -98,6 +104,7 @@ fn nvrtc_compile(src: &KernelSource, arch: &str, output: Output) -> Result<Vec<u
         .map_err(|e| Error::Cuda(format!("nvrtcCreateProgram: {e:?}")))?;
     let mut options: Vec<String> = NVRTC_OPTIONS.iter().map(|s| s.to_string()).collect();
     options.push(format!("--gpu-architecture={arch}"));
+    options.extend(extra.iter().map(|s| s.to_string()));
     // SAFETY: `prog` was created above and is destroyed once, below; `code` and `name` outlive it.
     let result = unsafe { compile_program(prog, &options, output) };
     // SAFETY: `prog` is valid and not used after this.
@@ -113,7 +120,23 @@ fn byte(c: std::ffi::c_char) -> u8 {
     c.to_ne_bytes()[0]
 }
 
-/// Compiles `prog` and extracts the output; on failure returns NVRTC's log.
+/// NVRTC's log of `prog` (empty when it cannot be read).
+///
+/// # Safety
+/// `prog` must be a live program on which `nvrtcCompileProgram` was called.
+unsafe fn program_log(prog: nvrtc_sys::nvrtcProgram) -> String {
+    // SAFETY: the caller guarantees `prog` is live and compiled.
+    unsafe { nvrtc::get_program_log(prog) }
+        .map(|raw| {
+            let bytes: Vec<u8> = raw.iter().map(|&c| byte(c)).collect();
+            CStr::from_bytes_until_nul(&bytes)
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        })
+        .unwrap_or_default()
+}
+
+/// Compiles `prog` and extracts the output and the log; on failure returns NVRTC's log.
 ///
 /// # Safety
 /// `prog` must be a live program from `nvrtc::create_program`.
@@ -121,29 +144,22 @@ unsafe fn compile_program(
     prog: nvrtc_sys::nvrtcProgram,
     options: &[String],
     output: Output,
-) -> std::result::Result<Vec<u8>, String> {
+) -> std::result::Result<(Vec<u8>, String), String> {
     // SAFETY: the caller guarantees `prog` is live.
-    if let Err(e) = unsafe { nvrtc::compile_program(prog, options) } {
-        // SAFETY: as above.
-        let log = unsafe { nvrtc::get_program_log(prog) }
-            .map(|raw| {
-                let bytes: Vec<u8> = raw.iter().map(|&c| byte(c)).collect();
-                CStr::from_bytes_until_nul(&bytes)
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            })
-            .unwrap_or_default();
+    let compiled = unsafe { nvrtc::compile_program(prog, options) };
+    // SAFETY: as above; the compile was attempted.
+    let log = unsafe { program_log(prog) };
+    if let Err(e) = compiled {
         return Err(format!("{e:?} with options {options:?}\n{log}"));
     }
-    match output {
+    let bytes = match output {
         Output::Ptx => {
             // SAFETY: the program compiled.
             let raw = unsafe { nvrtc::get_ptx(prog) }.map_err(|e| format!("nvrtcGetPTX: {e:?}"))?;
-            Ok(raw
-                .iter()
+            raw.iter()
                 .map(|&c| byte(c))
                 .take_while(|&b| b != 0)
-                .collect())
+                .collect()
         }
         Output::Cubin => {
             let mut size = 0usize;
@@ -156,16 +172,25 @@ unsafe fn compile_program(
             unsafe { nvrtc_sys::nvrtcGetCUBIN(prog, bin.as_mut_ptr().cast()) }
                 .result()
                 .map_err(|e| format!("nvrtcGetCUBIN: {e:?}"))?;
-            Ok(bin)
+            bin
         }
-    }
+    };
+    Ok((bytes, log))
 }
 
 /// Compiles `src` to PTX for `arch` (e.g. `sm_80`, `sm_90a`) with NVRTC. Needs libnvrtc but no
 /// GPU. A kernel NVRTC rejects gives [`Error::Compile`] with the compile log.
 pub fn compile_ptx(src: &KernelSource, arch: &str) -> Result<String> {
-    let bytes = nvrtc_compile(src, arch, Output::Ptx)?;
+    let (bytes, _) = nvrtc_compile(src, arch, Output::Ptx, &[])?;
     String::from_utf8(bytes).map_err(|e| Error::Cuda(format!("NVRTC returned non-UTF-8 PTX: {e}")))
+}
+
+/// Compiles `src` to a cubin for `arch` (a real architecture, e.g. `sm_90a`) with ptxas's verbose
+/// report (`--ptxas-options=-v`) and returns NVRTC's log: registers, spills, and warnings such as
+/// wgmma serialization (C7515). Needs libnvrtc but no GPU; nothing is cached.
+pub fn ptxas_report(src: &KernelSource, arch: &str) -> Result<String> {
+    let (_, log) = nvrtc_compile(src, arch, Output::Cubin, &["--ptxas-options=-v"])?;
+    Ok(log)
 }
 
 /// 128-bit FNV-1a over length-prefixed parts: stable across builds and platforms.
@@ -286,7 +311,7 @@ fn load_uncached(
     let (f, outcome) = disk_cache::load_or_build(
         path.as_deref(),
         key,
-        || nvrtc_compile(src, &gpu.arch, Output::Cubin),
+        || nvrtc_compile(src, &gpu.arch, Output::Cubin, &[]).map(|(cubin, _)| cubin),
         |cubin| load(gpu, src, cubin),
     )?;
     let record = CompileRecord {

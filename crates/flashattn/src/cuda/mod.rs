@@ -18,7 +18,7 @@ pub(crate) mod tile_config;
 
 pub use compile::{
     CompileRecord, KernelSource, cache_dir, compile_ptx, compile_records, measure_compile,
-    nvrtc_version,
+    nvrtc_version, ptxas_report,
 };
 pub use device::{MemoryUse, device_count, memory_use, reset_memory_peak};
 pub(crate) use storage::upload;
