@@ -34,6 +34,26 @@ __device__ __forceinline__ u32 sw128_offset(int r, int c, int rows) {
     return (u32)((c >> 6) * rows * 128 + r * 128 + ((((c >> 3) & 7) ^ (r & 7)) << 4) + (c & 7) * 2);
 }
 
+// MN-major (transposed) tiles, e.g. V[keys][head dim] as the B of P.V: the same bytes as a
+// K-major tile with the roles swapped, i.e. blocks of 64 MN-contiguous elements, one 128-byte row
+// per k, row k at 128 k and chunk c at c ^ (k % 8); a TMA box of 64 MN-elements x `k_rows` rows
+// writes one block, so element (k, n) is at sw128_offset(k, n, k_rows). Descriptor fields for this
+// layout, from CUTLASS cute's make_gmma_desc<Major::MN> canonical form for 128B swizzle,
+// Swizzle<3,4,3> o ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)) with T = 8 elements (16 bytes): LBO is the
+// byte stride between 64-element MN blocks and SBO the stride between 8-row groups along K.
+// (Cross-checked against the PTX ISA's "Shared Memory Matrix Layout": imm-trans-b = 1 is N-major B.)
+
+// The descriptor of an MN-major 128B-swizzled operand at `addr` whose 64-element MN blocks are
+// `block_bytes` apart (k_rows x 128 for a TMA-loaded tile; unused when the MMA's N is 64).
+__device__ __forceinline__ u64 desc_sw128_mn(u32 addr, u32 block_bytes) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)((block_bytes >> 4) & 0x3FFF) << 16) |
+           ((u64)(SW128_GROUP_BYTES >> 4) << 32) | ((u64)1 << 62);
+}
+
+// Byte offset of k16 step `ks` in an MN-major 128B-swizzled tile: 16 rows of 128 bytes (two
+// 8-row groups, so it stays 1024-aligned and the base offset stays 0).
+__device__ __forceinline__ u32 sw128_mn_k_offset(int ks) { return (u32)(ks * 16 * 128); }
+
 // ---- Warpgroup MMA ------------------------------------------------------------------------------
 
 // Orders this thread's earlier register and shared-memory accesses before the wgmmas that follow
@@ -93,40 +113,53 @@ __device__ __forceinline__ int wgmma_acc_col(int i, int lane) { return 8 * (i >>
 #define WG_OPS_64 WG_F32(0), WG_F32(32)
 #define WG_OPS_128 WG_F32(0), WG_F32(32), WG_F32(64), WG_F32(96)
 
-// d[64 x N] (+)= A[64 x 16] * B[N x 16]^T, both K-major in shared memory (descriptors `a`, `b`).
-// `accumulate` = 0 ignores d's old values (the scale-d predicate), so no zeroing is needed.
+// One specialization per N (R accumulator registers, so the inputs are operands R, R + 1, ...):
+// d[64 x N] (+)= A[64 x 16] * B[16 x N]. `ss` takes A and B as shared-memory descriptors, `rs`
+// takes A as the 4 b32 registers of the m16n8k16 A fragment of this warp's 16 rows (the
+// accumulator layout of a k16 column step, packed in pairs). `accumulate` = 0 ignores d's old values
+// (the scale-d predicate), so no zeroing is needed. Immediates: scale-a = scale-b = 1; TRANS_A /
+// TRANS_B = 0 for a K-major operand, 1 for an MN-major one (PTX: imm-trans-a / imm-trans-b).
 template <int N>
-__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], u64 a, u64 b, int accumulate);
+struct Wgmma;
 
-// The same with A from registers: the 4 b32 registers of the m16n8k16 A fragment of this warp's
-// 16 rows (the accumulator layout of a k16 column step, packed in pairs).
-template <int N>
-__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const u32 (&a)[4], u64 b, int accumulate);
-
-// One specialization per N: R accumulator registers, so the inputs are operands R, R + 1, ....
-// Immediates: scale-a = scale-b = 1 (no negation), transpose-a = transpose-b = 0 (K-major).
-#define WGMMA_DEFINE(N, REGS, OPS, I0, I1, I2, I3, I4, I5)                                              \
+#define WGMMA_DEFINE(N, REGS, OPS, I0, I1, I2, I3, I4, I5, I6)                                          \
     template <>                                                                                       \
-    __device__ __forceinline__ void wgmma_ss<N>(float (&d)[N / 2], u64 a, u64 b, int accumulate) {      \
-        asm volatile("{ .reg .pred p; setp.ne.b32 p, %" #I2 ", 0;\n"                                  \
-                     "wgmma.mma_async.sync.aligned.m64n" #N "k16." WGMMA_TYPES " {" REGS "}, %" #I0   \
-                     ", %" #I1 ", p, 1, 1, 0, 0; }"                                                   \
-                     : OPS                                                                            \
-                     : "l"(a), "l"(b), "r"(accumulate));                                              \
-    }                                                                                                 \
-    template <>                                                                                       \
-    __device__ __forceinline__ void wgmma_rs<N>(float (&d)[N / 2], const u32 (&a)[4], u64 b,           \
-                                                int accumulate) {                                     \
-        asm volatile("{ .reg .pred p; setp.ne.b32 p, %" #I5 ", 0;\n"                                  \
-                     "wgmma.mma_async.sync.aligned.m64n" #N "k16." WGMMA_TYPES " {" REGS "}, {%" #I0  \
-                     ", %" #I1 ", %" #I2 ", %" #I3 "}, %" #I4 ", p, 1, 1, 0; }"                       \
-                     : OPS                                                                            \
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));          \
-    }
+    struct Wgmma<N> {                                                                                 \
+        template <int TRANS_A, int TRANS_B>                                                           \
+        static __device__ __forceinline__ void ss(float (&d)[N / 2], u64 a, u64 b, int accumulate) {  \
+            asm volatile("{ .reg .pred p; setp.ne.b32 p, %" #I2 ", 0;\n"                              \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16." WGMMA_TYPES " {" REGS         \
+                         "}, %" #I0 ", %" #I1 ", p, 1, 1, %" #I3 ", %" #I4 "; }"                      \
+                         : OPS                                                                        \
+                         : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));              \
+        }                                                                                             \
+        template <int TRANS_B>                                                                        \
+        static __device__ __forceinline__ void rs(float (&d)[N / 2], const u32 (&a)[4], u64 b,        \
+                                                  int accumulate) {                                   \
+            asm volatile("{ .reg .pred p; setp.ne.b32 p, %" #I5 ", 0;\n"                              \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16." WGMMA_TYPES " {" REGS         \
+                         "}, {%" #I0 ", %" #I1 ", %" #I2 ", %" #I3 "}, %" #I4 ", p, 1, 1, %" #I6 "; }" \
+                         : OPS                                                                        \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate),      \
+                           "n"(TRANS_B));                                                             \
+        }                                                                                             \
+    };
 
-WGMMA_DEFINE(64, WG_REGS_32, WG_OPS_32, 32, 33, 34, 35, 36, 37)
-WGMMA_DEFINE(128, WG_REGS_64, WG_OPS_64, 64, 65, 66, 67, 68, 69)
-WGMMA_DEFINE(256, WG_REGS_128, WG_OPS_128, 128, 129, 130, 131, 132, 133)
+WGMMA_DEFINE(64, WG_REGS_32, WG_OPS_32, 32, 33, 34, 35, 36, 37, 38)
+WGMMA_DEFINE(128, WG_REGS_64, WG_OPS_64, 64, 65, 66, 67, 68, 69, 70)
+WGMMA_DEFINE(256, WG_REGS_128, WG_OPS_128, 128, 129, 130, 131, 132, 133, 134)
+
+// The SS form: A and B from shared memory (descriptors `a`, `b`); K-major unless transposed.
+template <int N, int TRANS_A = 0, int TRANS_B = 0>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], u64 a, u64 b, int accumulate) {
+    Wgmma<N>::template ss<TRANS_A, TRANS_B>(d, a, b, accumulate);
+}
+
+// The RS form: A from registers (always K-major), B from shared memory; TRANS_B = 1 for MN-major B.
+template <int N, int TRANS_B = 0>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const u32 (&a)[4], u64 b, int accumulate) {
+    Wgmma<N>::template rs<TRANS_B>(d, a, b, accumulate);
+}
 
 // ---- Proxy fence, mbarriers, TMA ----------------------------------------------------------------
 

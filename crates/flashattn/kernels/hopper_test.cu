@@ -1,10 +1,12 @@
 // Test kernels of the Hopper vocabulary (hopper.cuh): one warpgroup computes C[64 x TILE_N] =
 // A[64 x TILE_K] * B[TILE_N x TILE_K]^T in f32, with wgmma SS (A and B loaded by TMA, or written by
 // ordinary stores into the swizzled layout) and RS (B by TMA, A's fragments read from global memory
-// into registers). A and B are row-major in global memory (TILE_K elements a row). Pasted after types.cuh, mma.cuh and
-// hopper.cuh behind `#define`s of ELEM_BF16 or ELEM_F16, TILE_N (64, 128, 256) and TILE_K (a
-// multiple of 64). Launch: one block of 128 threads with 1024 + A_BYTES + B_BYTES bytes of dynamic
-// shared memory (the tiles start 1024-aligned: the dynamic base is rounded up).
+// into registers); and the attention's O[64 x TILE_N] = P[64 x TILE_K] * V[TILE_K x TILE_N] by RS
+// with V MN-major (imm-trans-b). A and B are row-major in global memory (TILE_K elements a row), V
+// too (TILE_N a row). Pasted after types.cuh, mma.cuh and hopper.cuh behind `#define`s of ELEM_BF16
+// or ELEM_F16, TILE_N (64, 128, 256) and TILE_K (a multiple of 64). Launch: one block of 128
+// threads with 1024 + A_BYTES + B_BYTES bytes of dynamic shared memory (the tiles start
+// 1024-aligned: the dynamic base is rounded up).
 
 #define A_BYTES (64 * TILE_K * 2)
 #define B_BYTES (TILE_N * TILE_K * 2)
@@ -128,6 +130,50 @@ extern "C" __global__ void __launch_bounds__(128, 1)
 #pragma unroll
     for (int ks = 0; ks < TILE_K / 16; ++ks) {
         wgmma_rs<TILE_N>(acc, frag[ks], desc_sw128(t.b + sw128_k_offset(ks, TILE_N)), ks > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(acc);
+    store_acc(c, acc);
+}
+
+// P.V as the attention kernel will do it: P (f32, 64 x TILE_K row-major, values exact in the 16-bit
+// type) read into the accumulator layout of an m64nTILE_K product and packed in pairs into the RS A
+// fragments; V (TILE_K x TILE_N row-major) loaded by TMA in 64-column boxes as an MN-major tile.
+extern "C" __global__ void __launch_bounds__(128, 1)
+    hopper_test_rs_mn(const __grid_constant__ TmaMap v_map, const float* p, float* c) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    __shared__ __align__(8) u64 bar;
+    const u32 v = test_tiles(smem).b, vbar = smem_addr(&bar);
+    if (threadIdx.x == 0) {
+        mbarrier_init(vbar, 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        mbarrier_arrive_expect_tx(vbar, B_BYTES);
+#pragma unroll
+        for (int nb = 0; nb < TILE_N / 64; ++nb) tma_load_2d(v + nb * TILE_K * 128, &v_map, nb * 64, 0, vbar);
+    }
+
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float s[TILE_K / 2];
+#pragma unroll
+    for (int i = 0; i < TILE_K / 2; ++i) s[i] = p[wgmma_acc_row(i, lane, warp) * TILE_K + wgmma_acc_col(i, lane)];
+    u32 frag[TILE_K / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < TILE_K / 16; ++ks) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) frag[ks][j] = pack2(s[8 * ks + 2 * j], s[8 * ks + 2 * j + 1]);
+    }
+    mbarrier_wait(vbar, 0);
+
+    float acc[TILE_N / 2];
+    poison_acc(acc);
+    wgmma_fence_operands(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < TILE_K / 16; ++ks) {
+        wgmma_rs<TILE_N, 1>(acc, frag[ks], desc_sw128_mn(v + sw128_mn_k_offset(ks), TILE_K * 128), ks > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();

@@ -1,7 +1,9 @@
 //! The Hopper vocabulary (`kernels/hopper.cuh`) through its test kernels (`kernels/hopper_test.cu`):
 //! one warpgroup computes C[64 x N] = A[64 x K]·B[N x K]ᵀ with wgmma SS (A and B loaded by TMA, or
 //! written into the swizzled layout by ordinary stores) and RS (A's fragments from registers, B by
-//! TMA), bf16 and f16, N ∈ {64, 128, 256}, K ∈ {64, 128}.
+//! TMA), bf16 and f16, N ∈ {64, 128, 256}, K ∈ {64, 128}; and the attention's O[64 x N] =
+//! P[64 x K]·V[K x N] by RS with V row-major (N contiguous) loaded by TMA as an MN-major tile
+//! (imm-trans-b) and P packed from the accumulator layout.
 //!
 //! Without a GPU: every variant compiles for sm_90a and ptxas reports no serialized wgmma and no
 //! spills (needs libnvrtc; `FLASHATTN_REQUIRE_NVRTC=1` makes its absence a failure). With a GPU of
@@ -45,7 +47,7 @@ const NS: [usize; 3] = [64, 128, 256];
 const KS: [usize; 2] = [64, 128];
 
 /// The entry points of `kernels/hopper_test.cu`, one a form of the product.
-const FORMS: [&str; 3] = ["ss", "ss_stores", "rs"];
+const FORMS: [&str; 4] = ["ss", "ss_stores", "rs", "rs_mn"];
 
 /// The translation unit of one (dtype, N, K): the kernels of every form (the entry recorded is
 /// the first).
@@ -236,6 +238,12 @@ fn wgmma_ss_and_rs_match_an_f64_product() {
         let b_dev = stream.clone_htod(&b_bits).expect("upload B");
         let a_map = tensor_map(h, a_dev.device_ptr(&stream).0, 64, k);
         let b_map = tensor_map(h, b_dev.device_ptr(&stream).0, n, k);
+        // rs_mn reads B's bits as V[K][N] row-major (another random matrix), P = A in f32 (exact),
+        // and is checked against A·V as A·(Vᵀ)ᵀ.
+        let v_map = tensor_map(h, b_dev.device_ptr(&stream).0, k, n);
+        let p: Vec<f32> = a.iter().map(|&x| x as f32).collect();
+        let p_dev = stream.clone_htod(&p).expect("upload P");
+        let vt: Vec<f64> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
         let smem = (1024 + (64 + n) * k * 2) as u32;
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
@@ -259,18 +267,20 @@ fn wgmma_ss_and_rs_match_an_f64_product() {
             match form {
                 "ss" => launch.arg(&a_map).arg(&b_map),
                 "ss_stores" => launch.arg(&a_dev).arg(&b_dev),
-                _ => launch.arg(&b_map).arg(&a_dev),
+                "rs" => launch.arg(&b_map).arg(&a_dev),
+                _ => launch.arg(&v_map).arg(&p_dev),
             };
             launch.arg(&mut c_dev);
             // SAFETY: the parameters match the kernel's (tensor maps of live allocations of the
-            // stated shapes, A of 64 x K and B of N x K elements, C of 64 x N f32); one block of
+            // stated shapes, A and P of 64 x K, B of N x K = V of K x N, C of 64 x N f32); one block of
             // 128 threads with the dynamic shared memory the kernel uses.
             unsafe { launch.launch(cfg) }.unwrap_or_else(|e| panic!("{what}: launch: {e:?}"));
             stream
                 .synchronize()
                 .unwrap_or_else(|e| panic!("{what}: the kernel failed: {e:?}"));
             let c = stream.clone_dtoh(&c_dev).expect("download C");
-            match check(&c, &a, &b, n, k) {
+            let b_t = if form == "rs_mn" { &vt } else { &b };
+            match check(&c, &a, b_t, n, k) {
                 Ok(worst) => println!("{what}: worst error {worst:.3} of the bound"),
                 Err(e) => failures.push(format!("{what}: {e}")),
             }
