@@ -22,9 +22,10 @@ __device__ __forceinline__ TestTiles test_tiles(const void* smem) {
 }
 
 // Thread 0 loads the B tile (and the A tile when `with_a`) by TMA, one 64-column box at a time,
-// on `bar`; every thread then waits for the bytes.
+// on `bar`; every thread then waits for the bytes. With `b_mn`, B is V[TILE_K][TILE_N] (MN-major):
+// boxes of 64 N-columns x TILE_K rows, one block of TILE_K x 128 bytes each.
 __device__ __forceinline__ void load_tiles(TestTiles t, const TmaMap* a_map, const TmaMap* b_map, bool with_a,
-                                           u32 bar) {
+                                           u32 bar, bool b_mn = false) {
     if (threadIdx.x == 0) {
         mbarrier_init(bar, 1);
     }
@@ -34,7 +35,11 @@ __device__ __forceinline__ void load_tiles(TestTiles t, const TmaMap* a_map, con
 #pragma unroll
         for (int kb = 0; kb < TILE_K / 64; ++kb) {
             if (with_a) tma_load_2d(t.a + kb * 64 * 128, a_map, kb * 64, 0, bar);
-            tma_load_2d(t.b + kb * TILE_N * 128, b_map, kb * 64, 0, bar);
+            if (!b_mn) tma_load_2d(t.b + kb * TILE_N * 128, b_map, kb * 64, 0, bar);
+        }
+        if (b_mn) {
+#pragma unroll
+            for (int nb = 0; nb < TILE_N / 64; ++nb) tma_load_2d(t.b + nb * TILE_K * 128, b_map, nb * 64, 0, bar);
         }
     }
     mbarrier_wait(bar, 0);
@@ -55,7 +60,14 @@ __device__ __forceinline__ void poison_acc(float (&acc)[TILE_N / 2]) {
     for (int i = 0; i < TILE_N / 2; ++i) acc[i] = NAN_F;
 }
 
-// acc = A * B^T by wgmma SS over the tiles at `t`, then written to `c`.
+// The descriptor of k16 step `ks` of the B tile at `b`: K-major, or MN-major (V) when TRANS_B.
+template <int TRANS_B>
+__device__ __forceinline__ u64 b_desc(u32 b, int ks) {
+    return TRANS_B ? desc_sw128_mn(b + sw128_mn_k_offset(ks), TILE_K * 128) : desc_sw128(b + sw128_k_offset(ks, TILE_N));
+}
+
+// acc = A * B^T (A * V when TRANS_B) by wgmma SS over the tiles at `t`, then written to `c`.
+template <int TRANS_B = 0>
 __device__ __forceinline__ void mma_ss_and_store(float* c, TestTiles t) {
     float acc[TILE_N / 2];
     poison_acc(acc);
@@ -63,8 +75,7 @@ __device__ __forceinline__ void mma_ss_and_store(float* c, TestTiles t) {
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < TILE_K / 16; ++ks) {
-        wgmma_ss<TILE_N>(acc, desc_sw128(t.a + sw128_k_offset(ks, 64)), desc_sw128(t.b + sw128_k_offset(ks, TILE_N)),
-                         ks > 0);
+        wgmma_ss<TILE_N, 0, TRANS_B>(acc, desc_sw128(t.a + sw128_k_offset(ks, 64)), b_desc<TRANS_B>(t.b, ks), ks > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -144,16 +155,8 @@ extern "C" __global__ void __launch_bounds__(128, 1)
     hopper_test_rs_mn(const __grid_constant__ TmaMap v_map, const float* p, float* c) {
     extern __shared__ __align__(1024) unsigned char smem[];
     __shared__ __align__(8) u64 bar;
-    const u32 v = test_tiles(smem).b, vbar = smem_addr(&bar);
-    if (threadIdx.x == 0) {
-        mbarrier_init(vbar, 1);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        mbarrier_arrive_expect_tx(vbar, B_BYTES);
-#pragma unroll
-        for (int nb = 0; nb < TILE_N / 64; ++nb) tma_load_2d(v + nb * TILE_K * 128, &v_map, nb * 64, 0, vbar);
-    }
+    const TestTiles t = test_tiles(smem);
+    load_tiles(t, &v_map, &v_map, false, smem_addr(&bar), true);
 
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     float s[TILE_K / 2];
@@ -165,7 +168,6 @@ extern "C" __global__ void __launch_bounds__(128, 1)
 #pragma unroll
         for (int j = 0; j < 4; ++j) frag[ks][j] = pack2(s[8 * ks + 2 * j], s[8 * ks + 2 * j + 1]);
     }
-    mbarrier_wait(vbar, 0);
 
     float acc[TILE_N / 2];
     poison_acc(acc);
@@ -173,10 +175,20 @@ extern "C" __global__ void __launch_bounds__(128, 1)
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < TILE_K / 16; ++ks) {
-        wgmma_rs<TILE_N, 1>(acc, frag[ks], desc_sw128_mn(v + sw128_mn_k_offset(ks), TILE_K * 128), ks > 0);
+        wgmma_rs<TILE_N, 1>(acc, frag[ks], b_desc<1>(t.b, ks), ks > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(acc);
     store_acc(c, acc);
+}
+
+// P.V by SS: P (64 x TILE_K, K-major) and V (MN-major) both loaded by TMA, imm-trans-b = 1.
+extern "C" __global__ void __launch_bounds__(128, 1)
+    hopper_test_ss_mn(const __grid_constant__ TmaMap p_map, const __grid_constant__ TmaMap v_map, float* c) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    __shared__ __align__(8) u64 bar;
+    const TestTiles t = test_tiles(smem);
+    load_tiles(t, &p_map, &v_map, true, smem_addr(&bar), true);
+    mma_ss_and_store<1>(c, t);
 }

@@ -2,8 +2,8 @@
 //! one warpgroup computes C[64 x N] = A[64 x K]·B[N x K]ᵀ with wgmma SS (A and B loaded by TMA, or
 //! written into the swizzled layout by ordinary stores) and RS (A's fragments from registers, B by
 //! TMA), bf16 and f16, N ∈ {64, 128, 256}, K ∈ {64, 128}; and the attention's O[64 x N] =
-//! P[64 x K]·V[K x N] by RS with V row-major (N contiguous) loaded by TMA as an MN-major tile
-//! (imm-trans-b) and P packed from the accumulator layout.
+//! P[64 x K]·V[K x N] with V row-major (N contiguous) loaded by TMA as an MN-major tile
+//! (imm-trans-b), by RS (P packed from the accumulator layout) and by SS (P by TMA).
 //!
 //! Without a GPU: every variant compiles for sm_90a and ptxas reports no serialized wgmma and no
 //! spills (needs libnvrtc; `FLASHATTN_REQUIRE_NVRTC=1` makes its absence a failure). With a GPU of
@@ -47,7 +47,7 @@ const NS: [usize; 3] = [64, 128, 256];
 const KS: [usize; 2] = [64, 128];
 
 /// The entry points of `kernels/hopper_test.cu`, one a form of the product.
-const FORMS: [&str; 4] = ["ss", "ss_stores", "rs", "rs_mn"];
+const FORMS: [&str; 5] = ["ss", "ss_stores", "rs", "rs_mn", "ss_mn"];
 
 /// The translation unit of one (dtype, N, K): the kernels of every form (the entry recorded is
 /// the first).
@@ -238,8 +238,8 @@ fn wgmma_ss_and_rs_match_an_f64_product() {
         let b_dev = stream.clone_htod(&b_bits).expect("upload B");
         let a_map = tensor_map(h, a_dev.device_ptr(&stream).0, 64, k);
         let b_map = tensor_map(h, b_dev.device_ptr(&stream).0, n, k);
-        // rs_mn reads B's bits as V[K][N] row-major (another random matrix), P = A in f32 (exact),
-        // and is checked against A·V as A·(Vᵀ)ᵀ.
+        // The _mn forms read B's bits as V[K][N] row-major (another random matrix) and take P = A
+        // (rs_mn as f32, exact): they are checked against A·V as A·(Vᵀ)ᵀ.
         let v_map = tensor_map(h, b_dev.device_ptr(&stream).0, k, n);
         let p: Vec<f32> = a.iter().map(|&x| x as f32).collect();
         let p_dev = stream.clone_htod(&p).expect("upload P");
@@ -268,7 +268,8 @@ fn wgmma_ss_and_rs_match_an_f64_product() {
                 "ss" => launch.arg(&a_map).arg(&b_map),
                 "ss_stores" => launch.arg(&a_dev).arg(&b_dev),
                 "rs" => launch.arg(&b_map).arg(&a_dev),
-                _ => launch.arg(&v_map).arg(&p_dev),
+                "rs_mn" => launch.arg(&v_map).arg(&p_dev),
+                _ => launch.arg(&a_map).arg(&v_map),
             };
             launch.arg(&mut c_dev);
             // SAFETY: the parameters match the kernel's (tensor maps of live allocations of the
@@ -279,7 +280,7 @@ fn wgmma_ss_and_rs_match_an_f64_product() {
                 .synchronize()
                 .unwrap_or_else(|e| panic!("{what}: the kernel failed: {e:?}"));
             let c = stream.clone_dtoh(&c_dev).expect("download C");
-            let b_t = if form == "rs_mn" { &vt } else { &b };
+            let b_t = if form.ends_with("_mn") { &vt } else { &b };
             match check(&c, &a, b_t, n, k) {
                 Ok(worst) => println!("{what}: worst error {worst:.3} of the bound"),
                 Err(e) => failures.push(format!("{what}: {e}")),
