@@ -41,7 +41,8 @@ __device__ __forceinline__ u32 sw128_offset(int r, int c, int rows) {
 // layout, from CUTLASS cute's make_gmma_desc<Major::MN> canonical form for 128B swizzle,
 // Swizzle<3,4,3> o ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)) with T = 8 elements (16 bytes): LBO is the
 // byte stride between 64-element MN blocks and SBO the stride between 8-row groups along K.
-// (Cross-checked against the PTX ISA's "Shared Memory Matrix Layout": imm-trans-b = 1 is N-major B.)
+// ThunderKittens' transposed 128B descriptor agrees (LBO = 128 x tile rows, SBO = 1024, a k16 step
+// 2048 B), and the PTX ISA's "Shared Memory Matrix Layout" says imm-trans-b = 1 reads B N-major.
 
 // The descriptor of an MN-major 128B-swizzled operand at `addr` whose 64-element MN blocks are
 // `block_bytes` apart (k_rows x 128 for a TMA-loaded tile; unused when the MMA's N is 64).
