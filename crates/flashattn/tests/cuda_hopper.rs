@@ -273,8 +273,8 @@ fn wgmma_ss_and_rs_match_an_f64_product() {
             };
             launch.arg(&mut c_dev);
             // SAFETY: the parameters match the kernel's (tensor maps of live allocations of the
-            // stated shapes, A and P of 64 x K, B of N x K = V of K x N, C of 64 x N f32); one block of
-            // 128 threads with the dynamic shared memory the kernel uses.
+            // stated shapes, A and P of 64 x K, B of N x K = V of K x N, C of 64 x N f32); one
+            // block of 128 threads with the dynamic shared memory the kernel uses.
             unsafe { launch.launch(cfg) }.unwrap_or_else(|e| panic!("{what}: launch: {e:?}"));
             stream
                 .synchronize()
