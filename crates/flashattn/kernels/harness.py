@@ -6,14 +6,15 @@ so kernel variants can be tried on the device before the Rust side runs them.
     python3 kernels/harness.py check                           # correctness of each variant (GPU)
     python3 kernels/harness.py bench [--variants a,b] [--dims 64,128]   # TFLOP/s, bf16, the issue's shapes
 """
-import argparse, ctypes, math, os, sys, time
+import argparse, ctypes, math, os, re, sys, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 def source(kernel, defines):
     parts = [f"#define {k} {v}" for k, v in defines.items()]
     headers = ["types.cuh", "block_info.cuh", "mask.cuh", "softmax.cuh"]
-    files = headers + (["mma.cuh", "flash_fwd_mma.cu"] if kernel == "mma" else ["flash_fwd_general.cu"])
+    files = headers + {"mma": ["mma.cuh", "flash_fwd_mma.cu"], "general": ["flash_fwd_general.cu"],
+                       "wgmma": ["mma.cuh", "hopper.cuh", "flash_fwd_wgmma.cu"]}[kernel]
     for f in files:
         parts.append(open(os.path.join(HERE, f)).read())
     return "\n".join(parts)
@@ -67,6 +68,29 @@ VARIANTS = {
     "d256_128x64_w8": mma_defines(256, 256, 128, 64, 8, 0, 1),
 }
 
+# The wgmma variants (sm_90a, flash_fwd_wgmma.cu): NWG warpgroups of 64 rows each, BC keys a block,
+# DQK = DV; no score mods (the harness offers only the mask to them).
+def wgmma_defines(d, bc, nwg=1, slack=8, dtype="bf16"):
+    return {f"ELEM_{dtype.upper()}": 1, "DQK": d, "DV": d, "BR": 64 * nwg, "BC": bc, "NWARPS": 4 * nwg,
+            "NWG": nwg, "RESCALE_SLACK": slack}
+
+WGMMA = {
+    "wgmma_d64_64x64": wgmma_defines(64, 64),
+    "wgmma_d64_64x128": wgmma_defines(64, 128),
+    "wgmma_d64_128x64": wgmma_defines(64, 64, 2),
+    "wgmma_d128_64x64": wgmma_defines(128, 64),
+    "wgmma_d128_64x128": wgmma_defines(128, 128),
+    "wgmma_d128_128x64": wgmma_defines(128, 64, 2),
+}
+
+def kernel_of(name):
+    """(kernel, defines) of a variant name."""
+    if name in VARIANTS:
+        return "mma", VARIANTS[name]
+    if name in WGMMA:
+        return "wgmma", WGMMA[name]
+    return "general", GENERAL[name]
+
 GENERAL = {
     "general_64": {"ELEM_F32": 1, "DQK_MAX": 128, "DV_MAX": 128, "BCG": 32},
     "general_512": {"ELEM_F32": 1, "DQK_MAX": 512, "DV_MAX": 512, "BCG": 16},
@@ -80,6 +104,16 @@ def cmd_compile(args):
         for opt in [options(), options(1, 1, 1, 1, 1)]:
             _, log, dt = compile_cubin(source("mma", {**d, **opt}), args.arch)
             print(f"{name} opts={sum(opt.values())}: {dt:.2f}s {log.strip()[:200]}")
+    for name, d in WGMMA.items():
+        for dt_ in ["bf16", "f16"]:
+            for mask in [0, 1]:
+                dd = {k: v for k, v in d.items() if not k.startswith("ELEM_")}
+                dd[f"ELEM_{dt_.upper()}"] = 1
+                _, log, dt = compile_cubin(source("wgmma", {**dd, **options(mask=mask)}), args.arch)
+                # ptxas -v: flag serialized wgmma (C7510-C7515) and any spill or stack frame
+                bad = "C751" in log or re.search(r"[1-9]\d* bytes (stack frame|spill)", log)
+                used = re.findall(r"Used \d+ registers", log)
+                print(f"{name} {dt_} mask={mask}: {dt:.2f}s {used} {'BAD: ' + log if bad else 'ok'}")
     for dt_ in ["f32", "f16"]:
         for dmax in [64, 512]:
             d = {f"ELEM_{dt_.upper()}": 1, "DQK_MAX": dmax, "DV_MAX": dmax, "BCG": 32 if dmax <= 256 else 16}
