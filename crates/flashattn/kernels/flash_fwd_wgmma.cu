@@ -31,13 +31,20 @@
 // The same layout is V's MN-major one: element (key, d) at sw128_offset(key, d, BC).
 template <int ROWS, int COLS>
 __device__ __forceinline__ void load_tile_sw128(u32 dst, const u16* src, i64 stride, int rows, int cols, int tid) {
+    // Each thread keeps one 16-byte column chunk and walks rows STEP apart; STEP is a multiple of 8,
+    // so the swizzle (row % 8) stays fixed and the shared address advances by STEP * 128 bytes.
     const int CPR = COLS / 8;  // 16-byte chunks a row
+    static_assert(NT % CPR == 0 && (NT / CPR) % 8 == 0 && ROWS % (NT / CPR) == 0, "tile load shape");
+    const int STEP = NT / CPR;
+    const int r0 = tid / CPR, col = (tid % CPR) * 8;
+    const u16* gp = src + r0 * stride + col;
+    const u32 d = dst + sw128_offset(r0, col, ROWS);
+    const bool col_ok = col < cols;
 #pragma unroll
-    for (int c0 = 0; c0 < ROWS * CPR; c0 += NT) {
-        const int c = c0 + tid;
-        const int r = c / CPR, col = (c % CPR) * 8;
-        const bool ok = r < rows && col < cols;
-        cp_async_16(dst + sw128_offset(r, col, ROWS), ok ? src + r * stride + col : src, ok);
+    for (int r = 0; r < ROWS; r += STEP) {
+        const bool ok = col_ok && r + r0 < rows;
+        cp_async_16(d + r * 128, ok ? gp : src, ok);
+        gp += STEP * stride;
     }
 }
 
