@@ -27,7 +27,7 @@ def function(kernel, defines):
         mod = ctypes.c_void_p()
         ck(cu.cuModuleLoadData(ctypes.byref(mod), cubin), "cuModuleLoadData")
         f = ctypes.c_void_p()
-        ck(cu.cuModuleGetFunction(ctypes.byref(f), mod, b"flash_fwd_mma" if kernel == "mma" else b"flash_fwd_general"), "getfunc")
+        ck(cu.cuModuleGetFunction(ctypes.byref(f), mod, f"flash_fwd_{kernel}".encode()), "getfunc")
         _cache[key] = f
     return _cache[key]
 
@@ -67,6 +67,9 @@ def launch(kernel, tile, q, k, v, causal=False, window=None, softcap=None, alibi
     if kernel == "mma":
         br, bc, nt = tile["BR"], tile["BC"], tile["NWARPS"] * 32
         smem = (br * (tile["DQK"] + 8) + 2 * bc * (tile["DQK"] + 8) + 2 * bc * (tile["DV"] + 8)) * 2
+    elif kernel == "wgmma":  # WGMMA_SMEM: 1024 (alignment) + Q + 2 K + 2 V, unpadded (swizzled)
+        br, bc, nt = tile["BR"], tile["BC"], tile["NWARPS"] * 32
+        smem = 1024 + (br * tile["DQK"] + 2 * bc * tile["DQK"] + 2 * bc * tile["DV"]) * 2
     else:
         br, bc, nt = 16, tile["BCG"], 128
         smem = (16 * (tile["DQK_MAX"] + 1) + bc * (tile["DQK_MAX"] + 1) + bc * tile["DV_MAX"] + 16 * bc) * 4
@@ -132,6 +135,7 @@ def cmd_check(names):
         dict(B=1, Nq=113, Nk=203, Hq=4, Hk=2),
         dict(B=2, Nq=203, Nk=65, Hq=6, Hk=2, causal=True),
         dict(B=1, Nq=1000, Nk=1000, Hq=2, Hk=1, causal=True),
+        dict(B=1, Nq=77, Nk=333, Hq=2, Hk=1, causal=True),
         dict(B=1, Nq=257, Nk=300, Hq=2, Hk=2, window=(37, 5)),
         dict(B=1, Nq=130, Nk=130, Hq=2, Hk=2, softcap=5.0, alibi="make", bias="make", causal=True),
         dict(B=1, Nq=65, Nk=1, Hq=2, Hk=2, causal=True),
@@ -139,11 +143,14 @@ def cmd_check(names):
     ]
     bad = 0
     for name in names:
-        kernel, tile = ("mma", H.VARIANTS[name]) if name in H.VARIANTS else ("general", H.GENERAL[name])
+        kernel, tile = H.kernel_of(name)
         D = tile.get("DQK", tile.get("DQK_MAX"))
-        dims = [(D, D)] if kernel == "mma" else [(1, 1), (80, 96), (D, D)]
-        dtypes = [torch.bfloat16, torch.float16] if kernel == "mma" else [torch.float32, torch.float16]
+        dims = [(D, D)] if kernel in ("mma", "wgmma") else [(1, 1), (80, 96), (D, D)]
+        dtypes = [torch.bfloat16, torch.float16] if kernel in ("mma", "wgmma") else [torch.float32, torch.float16]
         for c in cases:
+            # the wgmma kernel has the mask (window, causal) only: no score mods, no scale <= 0
+            if kernel == "wgmma" and any(x in c for x in ("softcap", "alibi", "bias", "scale")):
+                continue
             for dt in dtypes:
                 for (dq, dv) in dims:
                     t = dict(tile)
@@ -180,10 +187,10 @@ def cmd_bench(names, seqlens, dims, sdpa=True):
                 flops = 4 * B * Hh * N * N * D / (2 if causal else 1)
                 res = {}
                 for name in names:
-                    tile = H.VARIANTS[name]
+                    kernel, tile = H.kernel_of(name)
                     if tile["DQK"] != D:
                         continue
-                    _, _, l = launch("mma", tile, q, k, v, causal=causal)
+                    _, _, l = launch(kernel, tile, q, k, v, causal=causal)
                     f, gx, gy, gz, nt, smem, args, *_keep = l
                     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
                     ms = time_ms(lambda: cu.cuLaunchKernel(f, gx, gy, gz, nt, 1, 1, smem, stream, args, None))
@@ -210,7 +217,7 @@ def cmd_prof(names, N, D, causal):
     B, Hh = 16384 // N, 2048 // D
     q, k, v = (torch.randn(B, N, Hh, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     for name in names:
-        launch("mma", H.VARIANTS[name], q, k, v, causal=causal)
+        launch(*H.kernel_of(name), q, k, v, causal=causal)
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal)
     torch.cuda.synchronize()
@@ -218,7 +225,7 @@ def cmd_prof(names, N, D, causal):
 def main(args):
     torch.cuda.init()
     torch.zeros(1, device="cuda")
-    names = args.variants.split(",") if args.variants else list(H.VARIANTS)
+    names = args.variants.split(",") if args.variants else list(H.VARIANTS) + list(H.WGMMA)
     if args.cmd == "check":
         sys.exit(1 if cmd_check(names) else 0)
     elif args.cmd == "bench":
