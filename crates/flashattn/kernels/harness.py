@@ -70,9 +70,9 @@ VARIANTS = {
 
 # The wgmma variants (sm_90a, flash_fwd_wgmma.cu): NWG warpgroups of 64 rows each, BC keys a block,
 # DQK = DV; no score mods (the harness offers only the mask to them).
-def wgmma_defines(d, bc, nwg=1, slack=8, dtype="bf16"):
+def wgmma_defines(d, bc, nwg=1, slack=8, sync_loads=0, dtype="bf16"):
     return {f"ELEM_{dtype.upper()}": 1, "DQK": d, "DV": d, "BR": 64 * nwg, "BC": bc, "NWARPS": 4 * nwg,
-            "NWG": nwg, "RESCALE_SLACK": slack}
+            "NWG": nwg, "RESCALE_SLACK": slack, "SYNC_LOADS": sync_loads}
 
 WGMMA = {
     "wgmma_d64_64x64": wgmma_defines(64, 64),
@@ -81,6 +81,9 @@ WGMMA = {
     "wgmma_d128_64x64": wgmma_defines(128, 64),
     "wgmma_d128_64x128": wgmma_defines(128, 128),
     "wgmma_d128_128x64": wgmma_defines(128, 64, 2),
+    # ordinary loads + stores (the tested ss_stores way): tells a cp.async or proxy-fence fault apart
+    "wgmma_d64_64x64_sync": wgmma_defines(64, 64, sync_loads=1),
+    "wgmma_d128_64x64_sync": wgmma_defines(128, 64, sync_loads=1),
 }
 
 def kernel_of(name):
