@@ -7,7 +7,8 @@
 // P packed to 16-bit pairs in registers and O += P.V by wgmma RS with V MN-major (imm-trans-b).
 //
 // Defines: ELEM_BF16 or ELEM_F16; DQK = DV in {64, 128}; BC in {64, 128}; NWG in {1, 2} and
-// BR = 64 NWG; RESCALE_SLACK; SYNC_LOADS (1: ordinary loads + stores instead of cp.async); HAS_MASK (a window, causal included). Score mods are not supported.
+// BR = 64 NWG; RESCALE_SLACK; SYNC_LOADS (1: ordinary loads + stores instead of cp.async);
+// HAS_MASK (a window, causal included). Score mods are not supported.
 // Launch: grid (ceil(nq / BR), heads_q, batch), 128 NWG threads, WGMMA_SMEM bytes of dynamic smem.
 
 #if HAS_SOFTCAP || HAS_ALIBI || HAS_BIAS || NONPOS_SCALE
@@ -27,7 +28,7 @@
 #define WGMMA_SMEM (1024 + Q_BYTES + 2 * K_BYTES + 2 * V_BYTES)
 
 // Copies a ROWS x COLS tile of 16-bit elements (row stride `stride`) into the K-major 128B-swizzled
-// layout at `dst` by 16-byte cp.async chunks; rows >= `rows` and columns >= `cols` are zero-filled.
+// layout at `dst` by 16-byte chunks (cp.async unless SYNC_LOADS); rows >= `rows` and columns >= `cols` are zero-filled.
 // The same layout is V's MN-major one: element (key, d) at sw128_offset(key, d, BC).
 template <int ROWS, int COLS>
 __device__ __forceinline__ void load_tile_sw128(u32 dst, const u16* src, i64 stride, int rows, int cols, int tid) {
@@ -46,7 +47,8 @@ __device__ __forceinline__ void load_tile_sw128(u32 dst, const u16* src, i64 str
 #if SYNC_LOADS
         // The tested `ss_stores` way (a fallback for checking cp.async + the proxy fence): load, store.
         u32 x0 = 0, x1 = 0, x2 = 0, x3 = 0;
-        if (ok) asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "l"(gp));
+        if (ok)
+            asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "l"(gp));
         asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};" ::"r"(d + r * 128), "r"(x0), "r"(x1), "r"(x2), "r"(x3)
                      : "memory");
 #else
