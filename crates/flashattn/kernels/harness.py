@@ -5,6 +5,9 @@ so kernel variants can be tried on the device before the Rust side runs them.
     python3 kernels/harness.py compile [--arch sm_90a]        # every listed variant compiles
     python3 kernels/harness.py check                           # correctness of each variant (GPU)
     python3 kernels/harness.py bench [--variants a,b] [--dims 64,128]   # TFLOP/s, bf16, the issue's shapes
+
+Variants: VARIANTS (flash_fwd_mma.cu), WGMMA (flash_fwd_wgmma.cu, sm_90a, mask-only: `check` skips the
+score-mod cases for them; `compile` flags serialized wgmma and spills), GENERAL (flash_fwd_general.cu).
 """
 import argparse, ctypes, math, os, re, sys, time
 
