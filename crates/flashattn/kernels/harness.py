@@ -106,6 +106,8 @@ def options(softcap=0, alibi=0, bias=0, mask=0, nonpos=0):
     return {"HAS_SOFTCAP": softcap, "HAS_ALIBI": alibi, "HAS_BIAS": bias, "HAS_MASK": mask, "NONPOS_SCALE": nonpos}
 
 def cmd_compile(args):
+    """Compiles every variant; exits 1 if a wgmma variant serializes its wgmma or spills."""
+    bad_count = 0
     for name, d in VARIANTS.items():
         for opt in [options(), options(1, 1, 1, 1, 1)]:
             _, log, dt = compile_cubin(source("mma", {**d, **opt}), args.arch)
@@ -120,11 +122,14 @@ def cmd_compile(args):
                 bad = "C751" in log or re.search(r"[1-9]\d* bytes (stack frame|spill)", log)
                 used = re.findall(r"Used \d+ registers", log)
                 print(f"{name} {dt_} mask={mask}: {dt:.2f}s {used} {'BAD: ' + log if bad else 'ok'}")
+                bad_count += bool(bad)
     for dt_ in ["f32", "f16"]:
         for dmax in [64, 512]:
             d = {f"ELEM_{dt_.upper()}": 1, "DQK_MAX": dmax, "DV_MAX": dmax, "BCG": 32 if dmax <= 256 else 16}
             _, log, t = compile_cubin(source("general", {**d, **options(1, 1, 1, 1, 1)}), args.arch)
             print(f"general {dt_} {dmax}: {t:.2f}s {log.strip()[:200]}")
+    if bad_count:
+        sys.exit(f"{bad_count} wgmma builds serialized their wgmma or spilled")
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
