@@ -3,28 +3,15 @@
 //! `FLASHATTN_REQUIRE_NVRTC=1` (set by `.ci/run`), which makes a missing NVRTC a failure.
 #![cfg(feature = "cuda")]
 
+mod nvrtc_support;
+
 use flashattn::cuda::{self, KernelSource};
 use flashattn::{Device, Error, Tensor};
+use nvrtc_support::nvrtc_here;
 use rayon::prelude::*;
 
 /// The architectures every variant must compile for: Ampere and Hopper (arch-specific).
 const ARCHS: [&str; 2] = ["sm_80", "sm_90a"];
-
-/// True when NVRTC can be used; otherwise prints why and, if it is required, fails.
-fn nvrtc_here() -> bool {
-    match cuda::nvrtc_version() {
-        Ok((major, minor)) => {
-            println!("NVRTC {major}.{minor}");
-            true
-        }
-        Err(e) => {
-            let required = std::env::var("FLASHATTN_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
-            assert!(!required, "FLASHATTN_REQUIRE_NVRTC=1 but {e}");
-            println!("NOTE: skipped, {e}");
-            false
-        }
-    }
-}
 
 #[test]
 fn every_kernel_variant_compiles_for_sm80_and_sm90a() {

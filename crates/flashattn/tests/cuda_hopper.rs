@@ -11,12 +11,15 @@
 //! the products against an f64 one (other GPUs: skipped with a note).
 #![cfg(feature = "cuda")]
 
+mod nvrtc_support;
+
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
 
 use cudarc::driver::{CudaContext, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, sys};
 use cudarc::nvrtc::Ptx;
 use flashattn::cuda::{self, KernelSource};
+use nvrtc_support::nvrtc_here;
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
 /// The 16-bit element types wgmma takes here.
@@ -81,22 +84,6 @@ fn variants() -> Vec<(Half, usize, usize)> {
         }
     }
     v
-}
-
-/// True when NVRTC can be used; otherwise prints why and, if it is required, fails.
-fn nvrtc_here() -> bool {
-    match cuda::nvrtc_version() {
-        Ok((major, minor)) => {
-            println!("NVRTC {major}.{minor}");
-            true
-        }
-        Err(e) => {
-            let required = std::env::var("FLASHATTN_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
-            assert!(!required, "FLASHATTN_REQUIRE_NVRTC=1 but {e}");
-            println!("NOTE: skipped, {e}");
-            false
-        }
-    }
 }
 
 #[test]
