@@ -59,6 +59,17 @@ __device__ __forceinline__ SeqInfo seq_info(const FlashParams& p) {
 // rows see the most keys), so the light ones fill the tail of the grid.
 __device__ __forceinline__ int block_row0(int rows) { return (gridDim.x - 1 - blockIdx.x) * rows; }
 
+// Query row `i` of this (batch, head), and the first key and value rows of its key/value head.
+__device__ __forceinline__ const elem_t* q_row(const FlashParams& p, const SeqInfo& s, int i) {
+    return p.q + s.b * p.q_batch + (i64)(s.q_row0 + i) * p.q_row + s.h * p.q_head;
+}
+__device__ __forceinline__ const elem_t* k_rows(const FlashParams& p, const SeqInfo& s) {
+    return p.k + s.b * p.k_batch + (i64)s.k_row0 * p.k_row + s.hk * p.k_head;
+}
+__device__ __forceinline__ const elem_t* v_rows(const FlashParams& p, const SeqInfo& s) {
+    return p.v + s.b * p.v_batch + (i64)s.k_row0 * p.v_row + s.hk * p.v_head;
+}
+
 // Where query row `i` of this (batch, head) writes its output.
 __device__ __forceinline__ elem_t* out_row(const FlashParams& p, const SeqInfo& s, int i) {
     return p.o + s.b * p.o_batch + (i64)(s.q_row0 + i) * p.o_row + s.h * p.o_head;

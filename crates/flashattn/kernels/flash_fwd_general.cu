@@ -50,9 +50,9 @@ extern "C" __global__ void __launch_bounds__(GT) flash_fwd_general(const FlashPa
     int nb_first, nb_end;
     key_blocks(p, s, i0, i1, BCG, &nb_first, &nb_end);
 
-    const elem_t* qg = p.q + s.b * p.q_batch + (i64)(s.q_row0 + i0) * p.q_row + s.h * p.q_head;
-    const elem_t* kg = p.k + s.b * p.k_batch + (i64)s.k_row0 * p.k_row + s.hk * p.k_head;
-    const elem_t* vg = p.v + s.b * p.v_batch + (i64)s.k_row0 * p.v_row + s.hk * p.v_head;
+    const elem_t* qg = q_row(p, s, i0);
+    const elem_t* kg = k_rows(p, s);
+    const elem_t* vg = v_rows(p, s);
     load_tile<GM>(sQ, GPQ, DQK_MAX, qg, p.q_row, i1 - i0, p.head_dim);
 
     // This lane group's rows: r, r + 16, ... (local), i0 + those (in the sequence).

@@ -84,9 +84,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) flash_fwd_wgmma(const FlashP
     key_blocks(p, s, i0, i1, BC, &nb_first, &nb_end);
     const int n_iter = nb_end - nb_first;
 
-    const u16* qg = (const u16*)p.q + s.b * p.q_batch + (i64)(s.q_row0 + i0) * p.q_row + s.h * p.q_head;
-    const u16* kg = (const u16*)p.k + s.b * p.k_batch + (i64)s.k_row0 * p.k_row + s.hk * p.k_head;
-    const u16* vg = (const u16*)p.v + s.b * p.v_batch + (i64)s.k_row0 * p.v_row + s.hk * p.v_head;
+    const u16* qg = q_row(p, s, i0);
+    const u16* kg = k_rows(p, s);
+    const u16* vg = v_rows(p, s);
 
     // Key blocks from the last to the first, so the masked diagonal blocks come first.
     auto load_k = [&](int it) {

@@ -59,16 +59,15 @@ impl CpuElement for bf16 {
 }
 
 /// `dst[i] = src[i]` as f32 (exact). Equal lengths. With AVX-512F, 16 elements per
-/// `vcvtph2ps`; otherwise `half`'s slice conversion (F16C where the CPU has it).
+/// `vcvtph2ps`; otherwise `half`'s slice conversion (F16C where the CPU has it). Panics if the
+/// lengths differ (every level checks).
 pub(crate) fn widen_f16(src: &[f16], dst: &mut [f32]) {
-    assert_eq!(src.len(), dst.len(), "widen_f16: lengths differ");
     (kernels().widen_f16)(src, dst);
 }
 
 /// `dst[i] = src[i]` rounded to the nearest f16, ties to even. Equal lengths. With AVX-512F,
 /// 16 elements per `vcvtps2ph`; otherwise `half`'s slice conversion.
 pub(crate) fn narrow_f16(src: &[f32], dst: &mut [f16]) {
-    assert_eq!(src.len(), dst.len(), "narrow_f16: lengths differ");
     (kernels().narrow_f16)(src, dst);
 }
 
