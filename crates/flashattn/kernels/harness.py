@@ -6,8 +6,8 @@ so kernel variants can be tried on the device before the Rust side runs them.
     python3 kernels/harness.py check                           # correctness of each variant (GPU)
     python3 kernels/harness.py bench [--variants a,b] [--dims 64,128]   # TFLOP/s, bf16, the issue's shapes
 
-Variants: VARIANTS (flash_fwd_mma.cu), WGMMA (flash_fwd_wgmma.cu, sm_90a, mask-only: `check` skips the
-score-mod cases for them; `compile` flags serialized wgmma and spills), GENERAL (flash_fwd_general.cu).
+Variants: VARIANTS (flash_fwd_mma.cu), WGMMA (flash_fwd_wgmma.cu, sm_90a; `compile` flags serialized
+wgmma and spills), GENERAL (flash_fwd_general.cu).
 """
 import argparse, ctypes, math, os, re, sys, time
 
@@ -71,22 +71,22 @@ VARIANTS = {
     "d256_128x64_w8": mma_defines(256, 256, 128, 64, 8, 0, 1),
 }
 
-# The wgmma variants (sm_90a, flash_fwd_wgmma.cu): NWG warpgroups of 64 rows each, BC keys a block,
-# DQK = DV; no score mods (the harness offers only the mask to them).
-def wgmma_defines(d, bc, nwg=1, slack=8, sync_loads=0, dtype="bf16"):
-    return {f"ELEM_{dtype.upper()}": 1, "DQK": d, "DV": d, "BR": 64 * nwg, "BC": bc, "NWARPS": 4 * nwg,
-            "NWG": nwg, "RESCALE_SLACK": slack, "SYNC_LOADS": sync_loads}
+# The wgmma variants (sm_90a, flash_fwd_wgmma.cu): a producer warpgroup and NWG consumer
+# warpgroups of 64 rows each, BC keys a block, a K/V ring of STAGES slots, PINGPONG turns.
+def wgmma_defines(d, bc, nwg=2, stages=2, pingpong=0, slack=8, dtype="bf16"):
+    return {f"ELEM_{dtype.upper()}": 1, "DQK": d, "DV": d, "BR": 64 * nwg, "BC": bc, "NWG": nwg,
+            "STAGES": stages, "PINGPONG": pingpong, "RESCALE_SLACK": slack}
 
 WGMMA = {
-    "wgmma_d64_64x64": wgmma_defines(64, 64),
-    "wgmma_d64_64x128": wgmma_defines(64, 128),
-    "wgmma_d64_128x64": wgmma_defines(64, 64, 2),
-    "wgmma_d128_64x64": wgmma_defines(128, 64),
-    "wgmma_d128_64x128": wgmma_defines(128, 128),
-    "wgmma_d128_128x64": wgmma_defines(128, 64, 2),
-    # ordinary loads + stores (the tested ss_stores way): tells a cp.async or proxy-fence fault apart
-    "wgmma_d64_64x64_sync": wgmma_defines(64, 64, sync_loads=1),
-    "wgmma_d128_64x64_sync": wgmma_defines(128, 64, sync_loads=1),
+    "wgmma_d64_128x128": wgmma_defines(64, 128),
+    "wgmma_d64_128x128_pp": wgmma_defines(64, 128, pingpong=1),
+    "wgmma_d64_192x128": wgmma_defines(64, 128, nwg=3),
+    "wgmma_d128_128x128": wgmma_defines(128, 128),
+    "wgmma_d128_128x128_pp": wgmma_defines(128, 128, pingpong=1),
+    "wgmma_d128_128x64": wgmma_defines(128, 64),
+    "wgmma_d128_128x64_pp": wgmma_defines(128, 64, pingpong=1),
+    "wgmma_d256_128x64": wgmma_defines(256, 64),
+    "wgmma_d256_128x64_pp": wgmma_defines(256, 64, pingpong=1),
 }
 
 def kernel_of(name):
@@ -114,14 +114,14 @@ def cmd_compile(args):
             print(f"{name} opts={sum(opt.values())}: {dt:.2f}s {log.strip()[:200]}")
     for name, d in WGMMA.items():
         for dt_ in ["bf16", "f16"]:
-            for mask in [0, 1]:
+            for opt in [options(), options(mask=1), options(1, 1, 1, 1, 1)]:
                 dd = {k: v for k, v in d.items() if not k.startswith("ELEM_")}
                 dd[f"ELEM_{dt_.upper()}"] = 1
-                _, log, dt = compile_cubin(source("wgmma", {**dd, **options(mask=mask)}), args.arch)
+                _, log, dt = compile_cubin(source("wgmma", {**dd, **opt}), args.arch)
                 # ptxas -v: flag serialized wgmma (C7510-C7515) and any spill or stack frame
                 bad = "C751" in log or re.search(r"[1-9]\d* bytes (stack frame|spill)", log)
                 used = re.findall(r"Used \d+ registers", log)
-                print(f"{name} {dt_} mask={mask}: {dt:.2f}s {used} {'BAD: ' + log if bad else 'ok'}")
+                print(f"{name} {dt_} opts={sum(opt.values())}: {dt:.2f}s {used} {'BAD: ' + log if bad else 'ok'}")
                 bad_count += bool(bad)
     for dt_ in ["f32", "f16"]:
         for dmax in [64, 512]:

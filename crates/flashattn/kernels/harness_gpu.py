@@ -33,6 +33,25 @@ def function(kernel, defines):
 
 BIG = 1 << 30
 
+class TmaMap(ctypes.Structure):
+    _align_ = 64
+    _fields_ = [("opaque", ctypes.c_uint64 * 16)]
+
+def tensor_map(x, box_rows):
+    """The rank-4 TMA map (head dim, rows, heads, batch) of a [B, N, H, D] view, 64 x box_rows boxes,
+    128B swizzle, zeros outside."""
+    m = TmaMap()
+    dtype = {torch.bfloat16: 9, torch.float16: 6}[x.dtype]  # CU_TENSOR_MAP_DATA_TYPE_{BFLOAT16,FLOAT16}
+    B, N, Hh, D = x.shape
+    dims = (ctypes.c_uint64 * 4)(D, N, Hh, B)
+    strides = (ctypes.c_uint64 * 3)(*(2 * s for s in (x.stride(1), x.stride(2), x.stride(0))))
+    box = (ctypes.c_uint32 * 4)(64, box_rows, 1, 1)
+    es = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
+    # interleave none, swizzle 128B (3), L2 promotion 128B (2), OOB fill none (zeros)
+    ck(cu.cuTensorMapEncodeTiled(ctypes.byref(m), dtype, 4, ctypes.c_void_p(x.data_ptr()), dims, strides, box,
+                                 es, 0, 3, 2, 0), "cuTensorMapEncodeTiled")
+    return m
+
 def launch(kernel, tile, q, k, v, causal=False, window=None, softcap=None, alibi=None, bias=None, scale=None):
     """q, k, v: [B, N, H, D] views (last dim contiguous). Returns out [B, Nq, H, Dv], lse [B, H, Nq]."""
     B, Nq, Hq, D = q.shape
@@ -67,14 +86,20 @@ def launch(kernel, tile, q, k, v, causal=False, window=None, softcap=None, alibi
     if kernel == "mma":
         br, bc, nt = tile["BR"], tile["BC"], tile["NWARPS"] * 32
         smem = (br * (tile["DQK"] + 8) + 2 * bc * (tile["DQK"] + 8) + 2 * bc * (tile["DV"] + 8)) * 2
-    elif kernel == "wgmma":  # WGMMA_SMEM: 1024 (alignment) + Q + 2 K + 2 V, unpadded (swizzled)
-        br, bc, nt = tile["BR"], tile["BC"], tile["NWARPS"] * 32
-        smem = 1024 + (br * tile["DQK"] + 2 * bc * tile["DQK"] + 2 * bc * tile["DV"]) * 2
+    elif kernel == "wgmma":  # WGMMA_SMEM: 1024 (alignment) + Q + the K/V ring + 1024 (mbarriers)
+        br, bc, nt = tile["BR"], tile["BC"], 128 * (tile["NWG"] + 1)
+        smem = 2048 + (br * tile["DQK"] + tile["STAGES"] * bc * (tile["DQK"] + tile["DV"])) * 2
     else:
         br, bc, nt = 16, tile["BCG"], 128
         smem = (16 * (tile["DQK_MAX"] + 1) + bc * (tile["DQK_MAX"] + 1) + bc * tile["DV_MAX"] + 16 * bc) * 4
     ck(cu.cuFuncSetAttribute(f, 8, smem), "set smem")  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    args = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(p), ctypes.c_void_p))
+    if kernel == "wgmma":
+        maps = [tensor_map(x, box) for x, box in ((q, br), (k, bc), (v, bc))]
+        ptrs = [p] + maps
+        args = (ctypes.c_void_p * 4)(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in ptrs])
+        p = (p, maps)
+    else:
+        args = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(p), ctypes.c_void_p))
     stream = torch.cuda.current_stream().cuda_stream
     ck(cu.cuLaunchKernel(f, (Nq + br - 1) // br, Hq, B, nt, 1, 1, smem, ctypes.c_void_p(stream), args, None), "launch")
     return out, lse, (f, (Nq + br - 1) // br, Hq, B, nt, smem, args, p, bias, alibi)
@@ -148,9 +173,6 @@ def cmd_check(names):
         dims = [(D, D)] if kernel in ("mma", "wgmma") else [(1, 1), (80, 96), (D, D)]
         dtypes = [torch.bfloat16, torch.float16] if kernel in ("mma", "wgmma") else [torch.float32, torch.float16]
         for c in cases:
-            # the wgmma kernel has the mask (window, causal) only: no score mods, no scale <= 0
-            if kernel == "wgmma" and any(x in c for x in ("softcap", "alibi", "bias", "scale")):
-                continue
             for dt in dtypes:
                 for (dq, dv) in dims:
                     t = dict(tile)

@@ -194,6 +194,12 @@ __device__ __forceinline__ bool mbarrier_try_wait(u32 bar, u32 parity) {
     return done != 0;
 }
 
+// Arrives on `bar` (one of the `count` arrivals its phase waits for), with release semantics: the
+// shared-memory reads this thread's warp finished before (e.g. waited wgmmas) are ordered before it.
+__device__ __forceinline__ void mbarrier_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
 // Spins until the phase of parity `parity` of `bar` has completed.
 __device__ __forceinline__ void mbarrier_wait(u32 bar, u32 parity) {
     while (!mbarrier_try_wait(bar, parity)) {
@@ -214,4 +220,36 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaMap* map, int x, i
         "%3}], [%4];" ::"r"(dst),
         "l"((u64)map), "r"(x), "r"(y), "r"(bar)
         : "memory");
+}
+
+// Loads the box at element coordinates (c0 innermost .. c3) of the rank-4 tensor `map` into shared
+// memory at `dst`, completing `bar`'s transaction bytes (elements outside the tensor arrive as 0).
+__device__ __forceinline__ void tma_load_4d(u32 dst, const TmaMap* map, int c0, int c1, int c2, int c3, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+        "%3, %4, %5}], [%6];" ::"r"(dst),
+        "l"((u64)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
+}
+
+// ---- Warp specialization -------------------------------------------------------------------------
+
+// Moves this warpgroup's register budget to N a thread (a multiple of 8 in 24..256); every warp of
+// the warpgroup executes it. Honoured only under `__launch_bounds__(threads, 1)`.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+
+// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads: `bar_sync` waits,
+// `bar_arrive` signals without waiting (a producer/consumer hand-off between warpgroups).
+__device__ __forceinline__ void bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
