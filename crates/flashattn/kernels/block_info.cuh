@@ -20,7 +20,7 @@ struct FlashParams {
     i64 bias_batch, bias_head, bias_row, bias_col;
     i64 lse_batch, lse_head;
     int batch, heads_q, group;  // group: query heads per key/value head
-    int nq, nk;                 // padded lengths (unused with varlen)
+    int nq, nk;                 // lengths (varlen: the longest sequence's)
     int head_dim, head_dim_v;
     int window_left, window_right;  // clamped to 2^30 (= unbounded)
     float scale, scale_log2, softcap;
@@ -33,12 +33,11 @@ struct SeqInfo {
     int diag;  // key position of query 0's diagonal: nk - nq
 };
 
-// The launch grid is (query blocks, query heads, batch): consecutive blocks share a head's K/V,
-// which then stays in L2 while they run.
-__device__ __forceinline__ SeqInfo seq_info(const FlashParams& p) {
+// Query head `h` of sequence `b`.
+__device__ __forceinline__ SeqInfo seq_info_at(const FlashParams& p, int b, int h) {
     SeqInfo s;
-    s.b = blockIdx.z;
-    s.h = blockIdx.y;
+    s.b = b;
+    s.h = h;
     s.hk = s.h / p.group;
     if (p.cu_q != 0) {
         s.q_row0 = p.cu_q[s.b];
@@ -53,6 +52,24 @@ __device__ __forceinline__ SeqInfo seq_info(const FlashParams& p) {
     }
     s.diag = s.nk - s.nq;
     return s;
+}
+
+// The launch grid is (query blocks, query heads, batch): consecutive blocks share a head's K/V,
+// which then stays in L2 while they run.
+__device__ __forceinline__ SeqInfo seq_info(const FlashParams& p) { return seq_info_at(p, blockIdx.z, blockIdx.y); }
+
+// A persistent kernel's tile `tile` of `rows` query rows, numbered as the grid above numbers its
+// blocks (query blocks heaviest first, then heads, then batch): its sequence and first row.
+__device__ __forceinline__ SeqInfo tile_info(const FlashParams& p, int tile, int rows, int* i0) {
+    const int nblocks = (p.nq + rows - 1) / rows;
+    const int bh = tile / nblocks;
+    *i0 = (nblocks - 1 - (tile - bh * nblocks)) * rows;
+    return seq_info_at(p, bh / p.heads_q, bh % p.heads_q);
+}
+
+// How many tiles of `rows` query rows a launch has (the host keeps it below 2^31).
+__device__ __forceinline__ int tile_count(const FlashParams& p, int rows) {
+    return (p.nq + rows - 1) / rows * p.heads_q * p.batch;
 }
 
 // The first query row of this block: heaviest query blocks first (under a causal mask the last

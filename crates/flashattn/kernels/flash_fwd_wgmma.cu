@@ -1,20 +1,21 @@
 // The Hopper forward (sm_90a, issue 64): warp-specialized FlashAttention on wgmma and TMA.
 // A block is one producer warpgroup and NWG consumer warpgroups of 64 query rows each. The
-// producer's one elected thread loads Q once and K/V blocks of BC keys into a ring of STAGES
+// producer's one elected thread loads each tile's Q, and K/V blocks of BC keys into a ring of STAGES
 // slots by TMA (128B swizzle), each slot guarded by a full and an empty mbarrier. A consumer
 // computes S = Q.K^T by wgmma SS, the mask, score mods and online softmax on the accumulators
 // (the m16n8 C-fragment layout over BC/8 column chunks, so softmax.cuh applies as in the mma
 // kernel) and O += P.V by wgmma RS (P packed to 16 bits in registers, V MN-major). Overlap:
 // S of block j+1 and P.V of block j are issued together, and the softmax of block j+1 runs while
-// P.V is in flight; with PINGPONG the two consumers take turns issuing their wgmmas (named
+// P.V is in flight, and the producer loads the next tile's Q and K/V under this tile's last
+// blocks and epilogue; with PINGPONG the two consumers take turns issuing their wgmmas (named
 // barriers), so one's softmax runs under the other's matrix products.
 //
 // Defines: ELEM_BF16 or ELEM_F16; DQK, DV (head dims padded to a multiple of 64; DV in {64, 128,
 // 256}); BC in {64, 128}; NWG in {2, 3} and BR = 64 NWG; STAGES >= 2; PINGPONG (0/1, NWG = 2);
 // RESCALE_SLACK; the option flags of mask.cuh and NONPOS_SCALE.
 // Parameters: FlashParams, then the tensor maps of Q, K, V (rank 4: head dim, rows, heads, batch;
-// boxes of 64 x BR for Q, 64 x BC for K and V). Launch: grid (ceil(nq / BR), heads_q, batch),
-// 128 (NWG + 1) threads, WGMMA_SMEM bytes of dynamic shared memory.
+// boxes of 64 x BR for Q, 64 x BC for K and V). Persistent: a grid of at most one block per SM
+// (tile_info numbers the tiles), 128 (NWG + 1) threads, WGMMA_SMEM bytes of dynamic shared memory.
 
 #define SCORE_MODS (HAS_SOFTCAP || HAS_ALIBI || HAS_BIAS || NONPOS_SCALE)
 #if BR != 64 * NWG
@@ -44,6 +45,12 @@ __device__ __forceinline__ float sum_pair(u32 x) {
 #else
     return f16_to_f32((u16)(x & 0xffff)) + f16_to_f32((u16)(x >> 16));
 #endif
+}
+
+// `x`, hidden from the optimizer (it cannot hoist what is computed from it out of a loop).
+__device__ __forceinline__ u32 opaque(u32 x) {
+    asm volatile("" : "+r"(x));
+    return x;
 }
 
 // One consumer's row state: this lane's rows g and g + 8 of its warp's 16.
@@ -145,14 +152,15 @@ __device__ __forceinline__ void finish_p(const float (&sc)[BC / 2], u32 (&pf)[BC
 }
 
 // Ping-pong: consumer `wg` waits for its turn to issue wgmmas, then hands the turn to the other.
+// Consumer 1 passes once before its first turn and consumer 0 takes that extra pass at the end.
 __device__ __forceinline__ void turn_wait(int wg) {
 #if PINGPONG
     bar_sync(1 + wg, 256);
 #endif
 }
-__device__ __forceinline__ void turn_pass(int wg, bool last) {
+__device__ __forceinline__ void turn_pass(int wg) {
 #if PINGPONG
-    if (!(wg == 1 && last)) bar_arrive(1 + (wg ^ 1), 256);
+    bar_arrive(1 + (wg ^ 1), 256);
 #endif
 }
 
@@ -165,53 +173,59 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     const u32 sK = sQ + Q_BYTES;
     const u32 sV = sK + STAGES * K_BYTES;
     const u32 bars = sV + STAGES * V_BYTES;
-    const u32 bar_q = bars;
-    auto full_k = [&](int st) { return bars + 8 * (1 + st); };
-    auto full_v = [&](int st) { return bars + 8 * (1 + STAGES + st); };
-    auto empty_k = [&](int st) { return bars + 8 * (1 + 2 * STAGES + st); };
-    auto empty_v = [&](int st) { return bars + 8 * (1 + 3 * STAGES + st); };
+    const u32 full_q = bars, empty_q = bars + 8;
+    auto full_k = [&](int st) { return bars + 8 * (2 + st); };
+    auto full_v = [&](int st) { return bars + 8 * (2 + STAGES + st); };
+    auto empty_k = [&](int st) { return bars + 8 * (2 + 2 * STAGES + st); };
+    auto empty_v = [&](int st) { return bars + 8 * (2 + 3 * STAGES + st); };
 
     const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, wg = tid >> 7;
-    const SeqInfo s = seq_info(p);
-    const int i0 = block_row0(BR);
-    if (i0 >= s.nq) return;
-    const int i1 = min(i0 + BR, s.nq);
-    int nb_first, nb_end;
-    key_blocks(p, s, i0, i1, BC, &nb_first, &nb_end);
-    const int n_iter = nb_end - nb_first;
-
     if (tid == 0) {
-        mbarrier_init(bar_q, 1);
+        mbarrier_init(full_q, 1);
+        mbarrier_init(empty_q, 4 * NWG);  // one arrival per consumer warp
         for (int st = 0; st < STAGES; ++st) {
             mbarrier_init(full_k(st), 1);
             mbarrier_init(full_v(st), 1);
-            mbarrier_init(empty_k(st), 4 * NWG);  // one arrival per consumer warp
+            mbarrier_init(empty_k(st), 4 * NWG);
             mbarrier_init(empty_v(st), 4 * NWG);
         }
     }
     __syncthreads();
+    // Persistent: block b takes tiles b, b + gridDim.x, ...; producer and consumers walk the same
+    // list, and the ring positions (K/V blocks, Q tiles so far) run on across tiles.
+    const int n_tiles = tile_count(p, BR);  // the host keeps it below 2^31
 
     if (wg == NWG) {
         // The producer: key blocks from the last to the first (the masked diagonal ones first).
         setmaxnreg_dec<PRODUCER_REGS>();
-        if (warp != 0 || lane != 0 || n_iter == 0) return;
-        const int tb = p.cu_q != 0 ? 0 : s.b;  // varlen rows are packed into one batch entry
-        mbarrier_arrive_expect_tx(bar_q, Q_BYTES);
-#pragma unroll
-        for (int c = 0; c < DQK / 64; ++c) tma_load_4d(sQ + c * BR * 128, &tq, c * 64, s.q_row0 + i0, s.h, tb, bar_q);
-        for (int it = 0; it < n_iter; ++it) {
-            const int st = it % STAGES, ph = (it / STAGES) & 1;
-            const int row = s.k_row0 + (nb_end - 1 - it) * BC;
-            mbarrier_wait(empty_k(st), ph ^ 1);
-            mbarrier_arrive_expect_tx(full_k(st), K_BYTES);
+        if (warp != 0 || lane != 0) return;
+        int kv = 0, qn = 0;
+        for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+            int i0, nb_first, nb_end;
+            const SeqInfo s = tile_info(p, tile, BR, &i0);
+            if (i0 >= s.nq) continue;
+            key_blocks(p, s, i0, min(i0 + BR, s.nq), BC, &nb_first, &nb_end);
+            if (nb_end == nb_first) continue;
+            const int tb = p.cu_q != 0 ? 0 : s.b;  // varlen rows are packed into one batch entry
+            mbarrier_wait(empty_q, (qn++ & 1) ^ 1);
+            mbarrier_arrive_expect_tx(full_q, Q_BYTES);
 #pragma unroll
             for (int c = 0; c < DQK / 64; ++c)
-                tma_load_4d(sK + st * K_BYTES + c * BC * 128, &tk, c * 64, row, s.hk, tb, full_k(st));
-            mbarrier_wait(empty_v(st), ph ^ 1);
-            mbarrier_arrive_expect_tx(full_v(st), V_BYTES);
+                tma_load_4d(sQ + c * BR * 128, &tq, c * 64, s.q_row0 + i0, s.h, tb, full_q);
+            for (int jb = nb_end - 1; jb >= nb_first; --jb, ++kv) {
+                const int st = kv % STAGES, ph = (kv / STAGES) & 1;
+                const int row = s.k_row0 + jb * BC;
+                mbarrier_wait(empty_k(st), ph ^ 1);
+                mbarrier_arrive_expect_tx(full_k(st), K_BYTES);
 #pragma unroll
-            for (int c = 0; c < DV / 64; ++c)
-                tma_load_4d(sV + st * V_BYTES + c * BC * 128, &tv, c * 64, row, s.hk, tb, full_v(st));
+                for (int c = 0; c < DQK / 64; ++c)
+                    tma_load_4d(sK + st * K_BYTES + c * BC * 128, &tk, c * 64, row, s.hk, tb, full_k(st));
+                mbarrier_wait(empty_v(st), ph ^ 1);
+                mbarrier_arrive_expect_tx(full_v(st), V_BYTES);
+#pragma unroll
+                for (int c = 0; c < DV / 64; ++c)
+                    tma_load_4d(sV + st * V_BYTES + c * BC * 128, &tv, c * 64, row, s.hk, tb, full_v(st));
+            }
         }
         return;
     }
@@ -220,109 +234,124 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     const int g = lane >> 2, t = lane & 3;
     const int wrow0 = wg * 64 + warp * 16;  // this warp's first row within the block
     const u32 sQw = sQ + wg * 64 * 128;     // this warpgroup's 64 Q rows in each 64-column block
-    const float slope = alibi_slope(p, s);
 #if SCORE_MODS
     const float mult = LOG2E;  // scores are scaled by score_mods
 #else
     const float mult = p.scale_log2;  // scale * log2(e), folded into the exponent's FFMA
 #endif
-
     float o[DV / 2];
-#pragma unroll
-    for (int i = 0; i < DV / 2; ++i) o[i] = 0.f;
-    Rows rows;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        softmax_init(rows.r[h]);
-        rows.psum[h] = 0.f;
-    }
     float sc[BC / 2];
     u32 pf[BC / 16][4];
+    // A slot's address is made opaque so that its descriptors are built when used (a few integer
+    // adds) rather than kept for every slot across the loop (tens of registers).
     auto issue_s = [&](int st) {
+        const u32 k = opaque(sK + st * K_BYTES);
 #pragma unroll
         for (int ks = 0; ks < DQK / 16; ++ks)
-            wgmma_ss<BC>(sc, desc_sw128(sQw + sw128_k_offset(ks, BR)),
-                         desc_sw128(sK + st * K_BYTES + sw128_k_offset(ks, BC)), ks > 0);
+            wgmma_ss<BC>(sc, desc_sw128(sQw + sw128_k_offset(ks, BR)), desc_sw128(k + sw128_k_offset(ks, BC)),
+                         ks > 0);
         wgmma_commit();
     };
     auto issue_pv = [&](int st) {
+        const u32 v = opaque(sV + st * V_BYTES);
 #pragma unroll
         for (int kk = 0; kk < BC / 16; ++kk)
-            wgmma_rs<DV, 1>(o, pf[kk], desc_sw128_mn(sV + st * V_BYTES + sw128_mn_k_offset(kk), BC * 128), 1);
+            wgmma_rs<DV, 1>(o, pf[kk], desc_sw128_mn(v + sw128_mn_k_offset(kk), BC * 128), 1);
         wgmma_commit();
     };
     auto release = [&](u32 bar) {
         if (lane == 0) mbarrier_arrive(bar);
     };
 #if PINGPONG
-    if (wg == 1) bar_arrive(1, 256);  // consumer 0 issues first
+    if (wg == 1) bar_arrive(1, 256);
 #endif
 
-    if (n_iter > 0) {
-        mbarrier_wait(bar_q, 0);
-        mbarrier_wait(full_k(0), 0);
-        turn_wait(wg);
-        wgmma_fence();
-        issue_s(0);
-        turn_pass(wg, false);
-        wgmma_wait<0>();
-        wgmma_fence_operands(sc);
-        release(empty_k(0));
-        softmax_block(sc, rows, p, s, i0, i1, (nb_end - 1) * BC, wrow0, g, t, mult, slope);
-        finish_p(sc, pf, o, rows);
-    }
-    for (int it = 1; it < n_iter; ++it) {
-        const int st = it % STAGES, ph = (it / STAGES) & 1;
-        const int pst = (it - 1) % STAGES, pph = ((it - 1) / STAGES) & 1;
-        mbarrier_wait(full_k(st), ph);
-        mbarrier_wait(full_v(pst), pph);  // loaded before K(it); a wait between wgmmas adds a fence
-        turn_wait(wg);
-        wgmma_fence_operands(o);
-        wgmma_fence();
-        issue_s(st);
-        issue_pv(pst);
-        turn_pass(wg, false);
-        wgmma_wait<1>();  // S landed; P.V may still run
-        wgmma_fence_operands(sc);
-        release(empty_k(st));
-        softmax_block(sc, rows, p, s, i0, i1, (nb_end - 1 - it) * BC, wrow0, g, t, mult, slope);
-        wgmma_wait<0>();
-        wgmma_fence_operands(o);
-        release(empty_v(pst));
-        finish_p(sc, pf, o, rows);
-    }
-    if (n_iter > 0) {
-        const int pst = (n_iter - 1) % STAGES, pph = ((n_iter - 1) / STAGES) & 1;
-        mbarrier_wait(full_v(pst), pph);
-        turn_wait(wg);
-        wgmma_fence_operands(o);
-        wgmma_fence();
-        issue_pv(pst);
-        turn_pass(wg, true);
-        wgmma_wait<0>();
-        wgmma_fence_operands(o);
-        release(empty_v(pst));
+    int kv = 0, qn = 0;
+    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+        int i0, nb_first, nb_end;
+        const SeqInfo s = tile_info(p, tile, BR, &i0);
+        if (i0 >= s.nq) continue;
+        const int i1 = min(i0 + BR, s.nq);
+        key_blocks(p, s, i0, i1, BC, &nb_first, &nb_end);
+        const int n_iter = nb_end - nb_first;
+        const float slope = alibi_slope(p, s);
+#pragma unroll
+        for (int i = 0; i < DV / 2; ++i) o[i] = 0.f;
+        Rows rows;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            softmax_init(rows.r[h]);
+            rows.psum[h] = 0.f;
+        }
+        if (n_iter > 0) {
+            const int st = kv % STAGES;
+            mbarrier_wait(full_q, qn++ & 1);
+            mbarrier_wait(full_k(st), (kv / STAGES) & 1);
+            turn_wait(wg);
+            wgmma_fence();
+            issue_s(st);
+            turn_pass(wg);
+            wgmma_wait<0>();
+            wgmma_fence_operands(sc);
+            release(empty_k(st));
+            if (n_iter == 1) release(empty_q);
+            softmax_block(sc, rows, p, s, i0, i1, (nb_end - 1) * BC, wrow0, g, t, mult, slope);
+            finish_p(sc, pf, o, rows);
+        }
+        for (int it = 1; it < n_iter; ++it) {
+            const int st = (kv + it) % STAGES, ph = ((kv + it) / STAGES) & 1;
+            const int pst = (kv + it - 1) % STAGES, pph = ((kv + it - 1) / STAGES) & 1;
+            mbarrier_wait(full_k(st), ph);
+            mbarrier_wait(full_v(pst), pph);  // loaded before K(it); a wait between wgmmas adds a fence
+            turn_wait(wg);
+            wgmma_fence_operands(o);
+            wgmma_fence();
+            issue_s(st);
+            issue_pv(pst);
+            turn_pass(wg);
+            wgmma_wait<1>();  // S landed; P.V may still run
+            wgmma_fence_operands(sc);
+            release(empty_k(st));
+            if (it == n_iter - 1) release(empty_q);
+            softmax_block(sc, rows, p, s, i0, i1, (nb_end - 1 - it) * BC, wrow0, g, t, mult, slope);
+            wgmma_wait<0>();
+            wgmma_fence_operands(o);
+            release(empty_v(pst));
+            finish_p(sc, pf, o, rows);
+        }
+        if (n_iter > 0) {
+            kv += n_iter;
+            const int pst = (kv - 1) % STAGES, pph = ((kv - 1) / STAGES) & 1;
+            mbarrier_wait(full_v(pst), pph);
+            turn_wait(wg);
+            wgmma_fence_operands(o);
+            wgmma_fence();
+            issue_pv(pst);
+            turn_pass(wg);
+            wgmma_wait<0>();
+            wgmma_fence_operands(o);
+            release(empty_v(pst));
+        }
+
+        // Finish: O / l, LSE = ln(sum exp(s)); rows that saw no key give 0 and -inf.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float l = row_allreduce_sum<4>(rows.r[h].sum);
+            const float lr = row_allreduce_sum<4>(rows.psum[h]);
+            const int i = i0 + wrow0 + g + 8 * h;
+            if (i >= s.nq) continue;
+            const float inv = softmax_inv_sum(lr);
+            elem_t* og = out_row(p, s, i);
+#pragma unroll
+            for (int n = 0; n < DV / 8; ++n) {
+                const int col = n * 8 + 2 * t;
+                if (col < p.head_dim_v)
+                    *(u32*)(og + col) = pack2(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+            }
+            if (t == 0) store_lse(p, s, i, softmax_lse(rows.r[h], l, mult));
+        }
     }
 #if PINGPONG
-    else if (wg == 0) {
-        bar_sync(1, 256);  // consume consumer 1's opening arrival
-    }
+    if (wg == 0) bar_sync(1, 256);  // consumer 1's opening pass
 #endif
-
-    // Finish: O / l, LSE = ln(sum exp(s)); rows that saw no key give 0 and -inf.
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const float l = row_allreduce_sum<4>(rows.r[h].sum);
-        const float lr = row_allreduce_sum<4>(rows.psum[h]);
-        const int i = i0 + wrow0 + g + 8 * h;
-        if (i >= s.nq) continue;
-        const float inv = softmax_inv_sum(lr);
-        elem_t* og = out_row(p, s, i);
-#pragma unroll
-        for (int n = 0; n < DV / 8; ++n) {
-            const int col = n * 8 + 2 * t;
-            if (col < p.head_dim_v) *(u32*)(og + col) = pack2(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
-        }
-        if (t == 0) store_lse(p, s, i, softmax_lse(rows.r[h], l, mult));
-    }
 }

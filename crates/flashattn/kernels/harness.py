@@ -85,9 +85,14 @@ WGMMA = {
     "wgmma_d128_128x128_pp": wgmma_defines(128, 128, pingpong=1),
     "wgmma_d128_128x64": wgmma_defines(128, 64),
     "wgmma_d128_128x64_pp": wgmma_defines(128, 64, pingpong=1),
+    "wgmma_d192_128x64": wgmma_defines(192, 64),
+    "wgmma_d256_128x32": wgmma_defines(256, 32),
     "wgmma_d256_128x64": wgmma_defines(256, 64),
     "wgmma_d256_128x64_pp": wgmma_defines(256, 64, pingpong=1),
 }
+
+# The wgmma tiles the tile table uses with score mods compiled in (the others spill with them).
+WGMMA_SCORE_MODS = {"wgmma_d64_128x128", "wgmma_d128_128x64", "wgmma_d192_128x64", "wgmma_d256_128x32"}
 
 def kernel_of(name):
     """(kernel, defines) of a variant name."""
@@ -105,8 +110,24 @@ GENERAL = {
 def options(softcap=0, alibi=0, bias=0, mask=0, nonpos=0):
     return {"HAS_SOFTCAP": softcap, "HAS_ALIBI": alibi, "HAS_BIAS": bias, "HAS_MASK": mask, "NONPOS_SCALE": nonpos}
 
+def sass_problems(cubin):
+    """What the SASS of a wgmma build shows that it must not (no HGMMA, local-memory traffic), or
+    None when cuobjdump is not on PATH."""
+    import shutil, subprocess, tempfile
+    tool = shutil.which("cuobjdump")
+    if tool is None:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    problems = [] if "HGMMA" in sass else ["no HGMMA"]
+    local = len(re.findall(r"\b(LDL|STL)\b", sass))
+    return problems + ([f"{local} local-memory instructions"] if local else [])
+
 def cmd_compile(args):
-    """Compiles every variant; exits 1 if a wgmma variant serializes its wgmma or spills."""
+    """Compiles every variant; exits 1 if a wgmma variant serializes its wgmma or spills, or (with
+    cuobjdump on PATH) if its SASS has no HGMMA or touches local memory."""
     bad_count = 0
     for name, d in VARIANTS.items():
         for opt in [options(), options(1, 1, 1, 1, 1)]:
@@ -114,14 +135,18 @@ def cmd_compile(args):
             print(f"{name} opts={sum(opt.values())}: {dt:.2f}s {log.strip()[:200]}")
     for name, d in WGMMA.items():
         for dt_ in ["bf16", "f16"]:
-            for opt in [options(), options(mask=1), options(1, 1, 1, 1, 1)]:
+            mods = [options(1, 1, 1, 1, 1)] if name in WGMMA_SCORE_MODS else []
+            for opt in [options(), options(mask=1)] + mods:
                 dd = {k: v for k, v in d.items() if not k.startswith("ELEM_")}
                 dd[f"ELEM_{dt_.upper()}"] = 1
-                _, log, dt = compile_cubin(source("wgmma", {**dd, **opt}), args.arch)
+                cubin, log, dt = compile_cubin(source("wgmma", {**dd, **opt}), args.arch)
                 # ptxas -v: flag serialized wgmma (C7510-C7515) and any spill or stack frame
                 bad = "C751" in log or re.search(r"[1-9]\d* bytes (stack frame|spill)", log)
+                sass = sass_problems(cubin)
+                bad = bad or bool(sass)
                 used = re.findall(r"Used \d+ registers", log)
-                print(f"{name} {dt_} opts={sum(opt.values())}: {dt:.2f}s {used} {'BAD: ' + log if bad else 'ok'}")
+                note = "no cuobjdump" if sass is None else "SASS ok" if not sass else f"SASS: {', '.join(sass)}"
+                print(f"{name} {dt_} opts={sum(opt.values())}: {dt:.2f}s {used} {note} {'BAD: ' + log if bad else 'ok'}")
                 bad_count += bool(bad)
     for dt_ in ["f32", "f16"]:
         for dmax in [64, 512]:

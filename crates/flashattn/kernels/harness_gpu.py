@@ -101,8 +101,11 @@ def launch(kernel, tile, q, k, v, causal=False, window=None, softcap=None, alibi
     else:
         args = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(p), ctypes.c_void_p))
     stream = torch.cuda.current_stream().cuda_stream
-    ck(cu.cuLaunchKernel(f, (Nq + br - 1) // br, Hq, B, nt, 1, 1, smem, ctypes.c_void_p(stream), args, None), "launch")
-    return out, lse, (f, (Nq + br - 1) // br, Hq, B, nt, smem, args, p, bias, alibi)
+    grid = ((Nq + br - 1) // br, Hq, B)
+    if kernel == "wgmma":  # persistent: one block per SM at most
+        grid = (min(grid[0] * Hq * B, torch.cuda.get_device_properties(0).multi_processor_count), 1, 1)
+    ck(cu.cuLaunchKernel(f, *grid, nt, 1, 1, smem, ctypes.c_void_p(stream), args, None), "launch")
+    return out, lse, (f, *grid, nt, smem, args, p, bias, alibi)
 
 def reference(q, k, v, causal=False, window=None, softcap=None, alibi=None, bias=None, scale=None):
     B, Nq, Hq, D = q.shape
