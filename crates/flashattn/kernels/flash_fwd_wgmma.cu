@@ -13,9 +13,11 @@
 // Defines: ELEM_BF16 or ELEM_F16; DQK, DV (head dims padded to a multiple of 64; DV in {64, 128,
 // 256}); BC in {64, 128}; NWG in {2, 3} and BR = 64 NWG; STAGES >= 2; PINGPONG (0/1, NWG = 2);
 // RESCALE_SLACK; the option flags of mask.cuh and NONPOS_SCALE.
-// Parameters: FlashParams, then the tensor maps of Q, K, V (rank 4: head dim, rows, heads, batch;
-// boxes of 64 x BR for Q, 64 x BC for K and V). Persistent: a grid of at most one block per SM
-// (tile_info numbers the tiles), 128 (NWG + 1) threads, WGMMA_SMEM bytes of dynamic shared memory.
+// Parameters: FlashParams, the tensor maps of Q, K, V (rank 4: head dim, rows, heads, batch;
+// boxes of 64 x BR for Q, 64 x BC for K and V), and `sched`, two ints that are 0 before the first
+// launch (each launch leaves them 0) and that no launch running at the same time shares.
+// Persistent: a grid of at most one block per SM (tile_info numbers the tiles), 128 (NWG + 1)
+// threads, WGMMA_SMEM bytes of dynamic shared memory.
 
 #define SCORE_MODS (HAS_SOFTCAP || HAS_ALIBI || HAS_BIAS || NONPOS_SCALE)
 #if BR != 64 * NWG
@@ -45,6 +47,15 @@ __device__ __forceinline__ float sum_pair(u32 x) {
 #else
     return f16_to_f32((u16)(x & 0xffff)) + f16_to_f32((u16)(x >> 16));
 #endif
+}
+
+__device__ __forceinline__ void st_shared_s32(u32 addr, int x) {
+    asm volatile("st.shared.s32 [%0], %1;" ::"r"(addr), "r"(x) : "memory");
+}
+__device__ __forceinline__ int ld_shared_s32(u32 addr) {
+    int x;
+    asm volatile("ld.shared.s32 %0, [%1];" : "=r"(x) : "r"(addr) : "memory");
+    return x;
 }
 
 // `x`, hidden from the optimizer (it cannot hoist what is computed from it out of a loop).
@@ -166,7 +177,7 @@ __device__ __forceinline__ void turn_pass(int wg) {
 
 extern "C" __global__ void __launch_bounds__(NT, 1)
     flash_fwd_wgmma(const __grid_constant__ FlashParams p, const __grid_constant__ TmaMap tq,
-                    const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv) {
+                    const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv, int* sched) {
     extern __shared__ __align__(1024) unsigned char smem[];
     // Shared byte addresses (tiles 1024-aligned): Q, the K ring, the V ring, then the mbarriers.
     const u32 sQ = (smem_addr(smem) + 1023) & ~1023u;
@@ -174,6 +185,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     const u32 sV = sK + STAGES * K_BYTES;
     const u32 bars = sV + STAGES * V_BYTES;
     const u32 full_q = bars, empty_q = bars + 8;
+    const u32 tile_slot = bars + 8 * (2 + 4 * STAGES);  // the tile whose Q is in sQ (-1: no more)
     auto full_k = [&](int st) { return bars + 8 * (2 + st); };
     auto full_v = [&](int st) { return bars + 8 * (2 + STAGES + st); };
     auto empty_k = [&](int st) { return bars + 8 * (2 + 2 * STAGES + st); };
@@ -191,8 +203,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         }
     }
     __syncthreads();
-    // Persistent: block b takes tiles b, b + gridDim.x, ...; producer and consumers walk the same
-    // list, and the ring positions (K/V blocks, Q tiles so far) run on across tiles.
+    // Persistent: block b starts with tile b, then takes tiles in order from the counter sched[0];
+    // the producer passes each tile to the consumers through `tile_slot` under the Q barriers.
     const int n_tiles = tile_count(p, BR);  // the host keeps it below 2^31
 
     if (wg == NWG) {
@@ -200,14 +212,24 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         setmaxnreg_dec<PRODUCER_REGS>();
         if (warp != 0 || lane != 0) return;
         int kv = 0, qn = 0;
-        for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
-            int i0, nb_first, nb_end;
-            const SeqInfo s = tile_info(p, tile, BR, &i0);
-            if (i0 >= s.nq) continue;
-            key_blocks(p, s, i0, min(i0 + BR, s.nq), BC, &nb_first, &nb_end);
-            if (nb_end == nb_first) continue;
-            const int tb = p.cu_q != 0 ? 0 : s.b;  // varlen rows are packed into one batch entry
+        for (int tile = blockIdx.x;;) {
+            int i0 = 0, nb_first = 0, nb_end = 0;
+            const SeqInfo s = tile_info(p, tile < n_tiles ? tile : 0, BR, &i0);
+            const int next = tile < n_tiles ? (int)gridDim.x + atomicAdd(sched, 1) : tile;
+            if (tile < n_tiles && i0 >= s.nq) {  // varlen: past this sequence's end
+                tile = next;
+                continue;
+            }
             mbarrier_wait(empty_q, (qn++ & 1) ^ 1);
+            st_shared_s32(tile_slot, tile < n_tiles ? tile : -1);
+            if (tile < n_tiles) key_blocks(p, s, i0, min(i0 + BR, s.nq), BC, &nb_first, &nb_end);
+            if (nb_end == nb_first) {  // no more tiles, or one whose rows see no key
+                mbarrier_arrive(full_q);
+                if (tile >= n_tiles) break;
+                tile = next;
+                continue;
+            }
+            const int tb = p.cu_q != 0 ? 0 : s.b;  // varlen rows are packed into one batch entry
             mbarrier_arrive_expect_tx(full_q, Q_BYTES);
 #pragma unroll
             for (int c = 0; c < DQK / 64; ++c)
@@ -226,6 +248,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
                 for (int c = 0; c < DV / 64; ++c)
                     tma_load_4d(sV + st * V_BYTES + c * BC * 128, &tv, c * 64, row, s.hk, tb, full_v(st));
             }
+            tile = next;
+        }
+        // The last block to stop taking tiles resets the counters for the next launch.
+        if (atomicAdd(sched + 1, 1) == (int)gridDim.x - 1) {
+            atomicExch(sched, 0);
+            atomicExch(sched + 1, 0);
         }
         return;
     }
@@ -242,13 +270,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     float o[DV / 2];
     float sc[BC / 2];
     u32 pf[BC / 16][4];
-    // A slot's address is made opaque so that its descriptors are built when used (a few integer
-    // adds) rather than kept for every slot across the loop (tens of registers).
+    // Tile addresses are made opaque so that their descriptors are built when used (a few integer
+    // adds) rather than kept for every k step and slot across the loop (tens of registers).
     auto issue_s = [&](int st) {
-        const u32 k = opaque(sK + st * K_BYTES);
+        const u32 q = opaque(sQw), k = opaque(sK + st * K_BYTES);
 #pragma unroll
         for (int ks = 0; ks < DQK / 16; ++ks)
-            wgmma_ss<BC>(sc, desc_sw128(sQw + sw128_k_offset(ks, BR)), desc_sw128(k + sw128_k_offset(ks, BC)),
+            wgmma_ss<BC>(sc, desc_sw128(q + sw128_k_offset(ks, BR)), desc_sw128(k + sw128_k_offset(ks, BC)),
                          ks > 0);
         wgmma_commit();
     };
@@ -267,10 +295,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #endif
 
     int kv = 0, qn = 0;
-    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+    for (;;) {
+        mbarrier_wait(full_q, qn++ & 1);
+        const int tile = ld_shared_s32(tile_slot);
+        if (tile < 0) break;
         int i0, nb_first, nb_end;
         const SeqInfo s = tile_info(p, tile, BR, &i0);
-        if (i0 >= s.nq) continue;
         const int i1 = min(i0 + BR, s.nq);
         key_blocks(p, s, i0, i1, BC, &nb_first, &nb_end);
         const int n_iter = nb_end - nb_first;
@@ -283,9 +313,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
             softmax_init(rows.r[h]);
             rows.psum[h] = 0.f;
         }
+        if (n_iter == 0) release(empty_q);
         if (n_iter > 0) {
             const int st = kv % STAGES;
-            mbarrier_wait(full_q, qn++ & 1);
             mbarrier_wait(full_k(st), (kv / STAGES) & 1);
             turn_wait(wg);
             wgmma_fence();

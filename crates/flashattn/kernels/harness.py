@@ -91,8 +91,14 @@ WGMMA = {
     "wgmma_d256_128x64_pp": wgmma_defines(256, 64, pingpong=1),
 }
 
-# The wgmma tiles the tile table uses with score mods compiled in (the others spill with them).
+# The option sets each wgmma tile is built with: score mods only where the tile table uses them
+# (other tiles spill with them); the three-consumer tile has no room for the mask either.
 WGMMA_SCORE_MODS = {"wgmma_d64_128x128", "wgmma_d128_128x64", "wgmma_d192_128x64", "wgmma_d256_128x32"}
+WGMMA_NO_MASK = {"wgmma_d64_192x128"}
+
+def wgmma_option_sets(name):
+    sets = [options()] + ([] if name in WGMMA_NO_MASK else [options(mask=1)])
+    return sets + ([options(1, 1, 1, 1, 1)] if name in WGMMA_SCORE_MODS else [])
 
 def kernel_of(name):
     """(kernel, defines) of a variant name."""
@@ -135,8 +141,7 @@ def cmd_compile(args):
             print(f"{name} opts={sum(opt.values())}: {dt:.2f}s {log.strip()[:200]}")
     for name, d in WGMMA.items():
         for dt_ in ["bf16", "f16"]:
-            mods = [options(1, 1, 1, 1, 1)] if name in WGMMA_SCORE_MODS else []
-            for opt in [options(), options(mask=1)] + mods:
+            for opt in wgmma_option_sets(name):
                 dd = {k: v for k, v in d.items() if not k.startswith("ELEM_")}
                 dd[f"ELEM_{dt_.upper()}"] = 1
                 cubin, log, dt = compile_cubin(source("wgmma", {**dd, **opt}), args.arch)

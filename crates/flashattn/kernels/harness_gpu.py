@@ -95,9 +95,11 @@ def launch(kernel, tile, q, k, v, causal=False, window=None, softcap=None, alibi
     ck(cu.cuFuncSetAttribute(f, 8, smem), "set smem")  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     if kernel == "wgmma":
         maps = [tensor_map(x, box) for x, box in ((q, br), (k, bc), (v, bc))]
-        ptrs = [p] + maps
-        args = (ctypes.c_void_p * 4)(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in ptrs])
-        p = (p, maps)
+        sched = torch.zeros(2, dtype=torch.int32, device=q.device)  # the tile counter (left 0 by each launch)
+        sched_ptr = ctypes.c_void_p(sched.data_ptr())
+        ptrs = [p] + maps + [sched_ptr]
+        args = (ctypes.c_void_p * 5)(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in ptrs])
+        p = (p, maps, sched, sched_ptr)
     else:
         args = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(p), ctypes.c_void_p))
     stream = torch.cuda.current_stream().cuda_stream
