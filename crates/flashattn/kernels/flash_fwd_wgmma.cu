@@ -12,13 +12,19 @@
 //
 // Defines: ELEM_BF16 or ELEM_F16; DQK, DV (head dims padded to a multiple of 64; DV in {64, 128,
 // 256}); BC in {64, 128}; NWG in {2, 3} and BR = 64 NWG; STAGES >= 2; PINGPONG (0/1, NWG = 2);
-// RESCALE_SLACK; the option flags of mask.cuh and NONPOS_SCALE.
+// RESCALE_SLACK; SECTION_MB (tile_info's L2 section); the option flags of mask.cuh and NONPOS_SCALE.
 // Parameters: FlashParams, the tensor maps of Q, K, V (rank 4: head dim, rows, heads, batch;
 // boxes of 64 x BR for Q, 64 x BC for K and V), and `sched`, two ints that are 0 before the first
 // launch (each launch leaves them 0) and that no launch running at the same time shares.
 // Persistent: a grid of at most one block per SM (tile_info numbers the tiles), 128 (NWG + 1)
 // threads, WGMMA_SMEM bytes of dynamic shared memory.
 
+#ifndef Q_OPAQUE
+#define Q_OPAQUE 1
+#endif
+#ifndef SCHED_STATIC
+#define SCHED_STATIC 0
+#endif
 #define SCORE_MODS (HAS_SOFTCAP || HAS_ALIBI || HAS_BIAS || NONPOS_SCALE)
 #if BR != 64 * NWG
 #error "flash_fwd_wgmma: BR must be 64 NWG"
@@ -214,8 +220,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         int kv = 0, qn = 0;
         for (int tile = blockIdx.x;;) {
             int i0 = 0, nb_first = 0, nb_end = 0;
-            const SeqInfo s = tile_info(p, tile < n_tiles ? tile : 0, BR, &i0);
+            const SeqInfo s = tile_info(p, tile < n_tiles ? tile : 0, BR, SECTION_MB, &i0);
+#if SCHED_STATIC
+            const int next = tile < n_tiles ? tile + (int)gridDim.x : tile;
+#else
             const int next = tile < n_tiles ? (int)gridDim.x + atomicAdd(sched, 1) : tile;
+#endif
             if (tile < n_tiles && i0 >= s.nq) {  // varlen: past this sequence's end
                 tile = next;
                 continue;
@@ -270,21 +280,24 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     float o[DV / 2];
     float sc[BC / 2];
     u32 pf[BC / 16][4];
-    // Tile addresses are made opaque so that their descriptors are built when used (a few integer
-    // adds) rather than kept for every k step and slot across the loop (tens of registers).
+    // Tile addresses are made opaque so that their descriptors are built when used, one add a k
+    // step, rather than kept for every k step and slot across the loop (tens of registers).
     auto issue_s = [&](int st) {
-        const u32 q = opaque(sQw), k = opaque(sK + st * K_BYTES);
+#if Q_OPAQUE
+        const u64 q = desc_sw128(opaque(sQw)), k = desc_sw128(opaque(sK + st * K_BYTES));
+#else
+        const u64 q = desc_sw128(sQw), k = desc_sw128(opaque(sK + st * K_BYTES));
+#endif
 #pragma unroll
         for (int ks = 0; ks < DQK / 16; ++ks)
-            wgmma_ss<BC>(sc, desc_sw128(q + sw128_k_offset(ks, BR)), desc_sw128(k + sw128_k_offset(ks, BC)),
+            wgmma_ss<BC>(sc, desc_advance(q, sw128_k_offset(ks, BR)), desc_advance(k, sw128_k_offset(ks, BC)),
                          ks > 0);
         wgmma_commit();
     };
     auto issue_pv = [&](int st) {
-        const u32 v = opaque(sV + st * V_BYTES);
+        const u64 v = desc_sw128_mn(opaque(sV + st * V_BYTES), BC * 128);
 #pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk)
-            wgmma_rs<DV, 1>(o, pf[kk], desc_sw128_mn(v + sw128_mn_k_offset(kk), BC * 128), 1);
+        for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<DV, 1>(o, pf[kk], desc_advance(v, sw128_mn_k_offset(kk)), 1);
         wgmma_commit();
     };
     auto release = [&](u32 bar) {
@@ -300,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         const int tile = ld_shared_s32(tile_slot);
         if (tile < 0) break;
         int i0, nb_first, nb_end;
-        const SeqInfo s = tile_info(p, tile, BR, &i0);
+        const SeqInfo s = tile_info(p, tile, BR, SECTION_MB, &i0);
         const int i1 = min(i0 + BR, s.nq);
         key_blocks(p, s, i0, i1, BC, &nb_first, &nb_end);
         const int n_iter = nb_end - nb_first;

@@ -73,15 +73,19 @@ VARIANTS = {
 
 # The wgmma variants (sm_90a, flash_fwd_wgmma.cu): a producer warpgroup and NWG consumer
 # warpgroups of 64 rows each, BC keys a block, a K/V ring of STAGES slots, PINGPONG turns.
-def wgmma_defines(d, bc, nwg=2, stages=2, pingpong=0, slack=8, dtype="bf16"):
+def wgmma_defines(d, bc, nwg=2, stages=2, pingpong=0, section_mb=8, slack=8, dtype="bf16"):
     return {f"ELEM_{dtype.upper()}": 1, "DQK": d, "DV": d, "BR": 64 * nwg, "BC": bc, "NWG": nwg,
-            "STAGES": stages, "PINGPONG": pingpong, "RESCALE_SLACK": slack}
+            "STAGES": stages, "PINGPONG": pingpong, "SECTION_MB": section_mb, "RESCALE_SLACK": slack}
 
 WGMMA = {
     "wgmma_d64_128x128": wgmma_defines(64, 128),
     "wgmma_d64_128x128_pp": wgmma_defines(64, 128, pingpong=1),
     "wgmma_d64_192x128": wgmma_defines(64, 128, nwg=3),
     "wgmma_d128_128x128": wgmma_defines(128, 128),
+    "wgmma_d128_128x176": wgmma_defines(128, 176),
+    "wgmma_d128_128x128_qh": {**wgmma_defines(128, 128), "Q_OPAQUE": 0},
+    "wgmma_d128_128x128_static": {**wgmma_defines(128, 128), "SCHED_STATIC": 1},
+    "wgmma_d128_128x128_qh_static": {**wgmma_defines(128, 128), "Q_OPAQUE": 0, "SCHED_STATIC": 1},
     "wgmma_d128_128x128_pp": wgmma_defines(128, 128, pingpong=1),
     "wgmma_d128_128x64": wgmma_defines(128, 64),
     "wgmma_d128_128x64_pp": wgmma_defines(128, 64, pingpong=1),
