@@ -71,6 +71,7 @@ fn source(dtype: Half, n: usize, k: usize) -> KernelSource {
         name: format!("hopper_test_{dtype:?}_n{n}_k{k}").to_lowercase(),
         code,
         entry: "hopper_test_ss".into(),
+        hopper_only: true,
     }
 }
 
