@@ -16,7 +16,7 @@ use super::device::{Gpu, gpu};
 use super::params::{FlashParams, Pointers};
 use super::storage::CudaStorage;
 use super::tensor_map::forward_maps;
-use super::tile_config::{Alignment, GENERAL_THREADS, Path, choose};
+use super::tile_config::{Alignment, GENERAL_THREADS, Hints, Path, choose, wgmma_tile};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::outputs::ForwardOutput;
@@ -157,15 +157,20 @@ pub(crate) fn kernel_source(path: &Path, dtype: DType, opts: Options) -> KernelS
         Path::Wgmma(t) => {
             code += &format!(
                 "#define DQK {}\n#define DV {}\n#define BR {}\n#define BC {}\n#define NWG {}\n\
-                 #define STAGES {}\n#define RESCALE_SLACK {}\n",
-                t.dqk, t.dv, t.br, t.bc, t.nwg, t.stages, RESCALE_SLACK
+                 #define STAGES {}\n#define PINGPONG {}\n#define RESCALE_SLACK {}\n",
+                t.dqk, t.dv, t.br, t.bc, t.nwg, t.stages, t.pingpong as u8, RESCALE_SLACK
             );
             code += &[&HEADERS[..], &[MMA, HOPPER, FWD_WGMMA]]
                 .concat()
                 .join("\n");
             let name = format!(
-                "fwd_wgmma_{tname}_d{}x{}_{}x{}s{}",
-                t.dqk, t.dv, t.br, t.bc, t.stages
+                "fwd_wgmma_{tname}_d{}x{}_{}x{}s{}{}",
+                t.dqk,
+                t.dv,
+                t.br,
+                t.bc,
+                t.stages,
+                if t.pingpong { "p" } else { "" }
             );
             (name, "flash_fwd_wgmma")
         }
@@ -183,13 +188,17 @@ pub(crate) fn kernel_source(path: &Path, dtype: DType, opts: Options) -> KernelS
 /// 32..=512). Tiles picked for score mods are listed with every option on (every `#if` branch
 /// compiled); the others with no option and with the mask alone; the CUDA-core kernel with every
 /// option, and with none at head dim 64; the Hopper kernel (sm_90a only) for f16 and bf16, padded
-/// head dims 64 and 128 each, with no option, the mask alone and every option.
+/// head dims 64 and 128 each, with no option, the mask alone, and every option (on the tile
+/// picked for score mods).
 pub fn kernel_sources() -> Vec<KernelSource> {
     let mut out: Vec<KernelSource> = Vec::new();
     for dtype in [DType::F16, DType::BF16] {
         for (dqk, dv) in [(64, 64), (64, 128), (128, 64), (128, 128)] {
-            let t = Path::Wgmma(super::tile_config::wgmma_tile(dqk, dv));
             for opts in [Options::default(), Options::MASK, Options::ALL] {
+                let hints = Hints {
+                    score_mods: opts == Options::ALL,
+                };
+                let t = Path::Wgmma(wgmma_tile(dqk, dv, hints));
                 out.push(kernel_source(&t, dtype, opts));
             }
         }
@@ -357,6 +366,23 @@ fn gpu_for(p: &Problem, k: &Tensor) -> Result<Arc<Gpu>> {
     gpu(ordinal)
 }
 
+/// The grid of a kernel with one block per `rows` query rows of each (batch, query head).
+fn grid_of(p: &Problem, rows: usize) -> Result<(u32, u32, u32)> {
+    for (what, n) in [("query heads", p.heads_q), ("batch", p.batch)] {
+        if n > 65535 {
+            return Err(Error::Unsupported {
+                device: "cuda",
+                what: format!("{what} = {n} (at most 65535: a dimension of the launch grid)"),
+            });
+        }
+    }
+    Ok((
+        p.max_nq.div_ceil(rows) as u32,
+        p.heads_q as u32,
+        p.batch as u32,
+    ))
+}
+
 /// Queues the kernel that writes every element of `out` and `lse` (device tensors of the
 /// problem's output shapes).
 fn queue(
@@ -421,24 +447,19 @@ fn queue(
         },
         other => (other, None),
     };
-    let (rows, threads, shared) = match &path {
-        Path::Mma(t) => (t.br, t.threads(), t.shared_bytes()),
-        Path::General(t) => (t.rows(), GENERAL_THREADS, t.shared_bytes()),
-        Path::Wgmma(t) => (t.br, t.threads(), t.shared_bytes()),
-    };
-    let blocks = p.max_nq.div_ceil(rows);
-    for (what, n) in [("query heads", p.heads_q), ("batch", p.batch)] {
-        if n > 65535 {
-            return Err(Error::Unsupported {
-                device: "cuda",
-                what: format!("{what} = {n} (at most 65535: a dimension of the launch grid)"),
-            });
+    let (grid, threads, shared) = match &path {
+        Path::Mma(t) => (grid_of(p, t.br)?, t.threads(), t.shared_bytes()),
+        Path::General(t) => (grid_of(p, t.rows())?, GENERAL_THREADS, t.shared_bytes()),
+        // Persistent: at most one block per SM, each walking the query tiles.
+        Path::Wgmma(t) => {
+            let blocks = t.tiles(p).clamp(1, g.sm_count.max(1));
+            ((blocks as u32, 1, 1), t.threads(), t.shared_bytes())
         }
-    }
+    };
     let opts = Options::of(p);
     let func = launchable(g, &path, p.dtype, opts, shared)?;
     let cfg = LaunchConfig {
-        grid_dim: (blocks as u32, p.heads_q as u32, p.batch as u32),
+        grid_dim: grid,
         block_dim: (threads as u32, 1, 1),
         shared_mem_bytes: shared as u32,
     };
@@ -491,7 +512,7 @@ mod tests {
 
     #[test]
     fn every_pickable_variant_is_listed() {
-        use crate::cuda::tile_config::{Hints, general_tile, mma_tile, wgmma_tile};
+        use crate::cuda::tile_config::{general_tile, mma_tile};
         let names: Vec<String> = kernel_sources().into_iter().map(|s| s.name).collect();
         let listed = |path: Path, dtype, opts| {
             let name = kernel_source(&path, dtype, opts).name;
@@ -518,7 +539,10 @@ mod tests {
         for dtype in [DType::F16, DType::BF16] {
             for (dqk, dv) in [(64, 64), (64, 128), (128, 64), (128, 128)] {
                 for opts in [Options::default(), Options::MASK, Options::ALL] {
-                    listed(Path::Wgmma(wgmma_tile(dqk, dv)), dtype, opts);
+                    let hints = Hints {
+                        score_mods: opts == Options::ALL,
+                    };
+                    listed(Path::Wgmma(wgmma_tile(dqk, dv, hints)), dtype, opts);
                 }
             }
         }

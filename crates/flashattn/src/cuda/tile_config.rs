@@ -15,8 +15,10 @@
 //!
 //! On Hopper (sm_90a) the warp-specialized TMA + wgmma kernel runs f16/bf16 problems with head dims
 //! up to 128 whose q, k, v TMA can load; the rest as above. Its tiles ([`wgmma_tile`]):
-//! - D ≤ 64 (Q/K and V): 128×128, 2 consumer warpgroups, a 2-deep K/V ring (to be measured).
-//! - D ≤ 128, either head dim: 128×128, 2 consumer warpgroups, 2 stages (to be measured).
+//! - 2 consumer warpgroups (128 query rows), a 2-deep K/V ring, no ping-pong (to be measured).
+//! - Padded DV = 64, any DQK: 128 keys per block, score mods too (to be measured).
+//! - DV = 128: 128 keys; 64 with score mods (with 128, ptxas spills 48-80 bytes: S and O
+//!   accumulators beside the mods' registers).
 
 use super::tensor_map::qkv_layouts;
 use crate::dtype::DType;
@@ -102,6 +104,8 @@ pub(crate) struct WgmmaTile {
     pub nwg: usize,
     /// Depth of the K/V ring.
     pub stages: usize,
+    /// The two consumers take turns issuing their wgmmas (`nwg` = 2).
+    pub pingpong: bool,
 }
 
 impl WgmmaTile {
@@ -115,22 +119,30 @@ impl WgmmaTile {
     pub(crate) fn threads(&self) -> usize {
         128 * (self.nwg + 1)
     }
+
+    /// The query tiles of `p` (`br` rows of one query head of one sequence) that the blocks of the
+    /// persistent kernel walk.
+    pub(crate) fn tiles(&self, p: &Problem) -> usize {
+        p.max_nq.div_ceil(self.br) * p.heads_q * p.batch
+    }
 }
 
 /// The Hopper tile for padded head dims `dqk`, `dv` (64 or 128); the choices are listed in the
 /// module docs.
-pub(crate) fn wgmma_tile(dqk: usize, dv: usize) -> WgmmaTile {
-    let tile = |nwg: usize, bc, stages| WgmmaTile {
+pub(crate) fn wgmma_tile(dqk: usize, dv: usize, hints: Hints) -> WgmmaTile {
+    let tile = |nwg: usize, bc, stages, pingpong| WgmmaTile {
         dqk,
         dv,
         br: 64 * nwg,
         bc,
         nwg,
         stages,
+        pingpong,
     };
-    match dqk.max(dv) {
-        ..=64 => tile(2, 128, 2),
-        _ => tile(2, 128, 2),
+    match (dv, hints.score_mods) {
+        (..=64, _) => tile(2, 128, 2, false),
+        (_, false) => tile(2, 128, 2, false),
+        (_, true) => tile(2, 64, 2, false),
     }
 }
 
@@ -151,6 +163,14 @@ fn round_up(x: usize, m: usize) -> usize {
 pub(crate) struct Hints {
     /// Softcap, ALiBi, bias or a non-positive scale is compiled in (more registers).
     pub score_mods: bool,
+}
+
+impl Hints {
+    fn of(p: &Problem) -> Self {
+        Hints {
+            score_mods: p.has_score_mods() || p.scale <= 0.0,
+        }
+    }
 }
 
 /// The tensor-core tile for padded head dims `dqk`, `dv` (multiples of 32, at most 256), within
@@ -235,8 +255,9 @@ pub(crate) struct Alignment {
 }
 
 /// Whether the Hopper kernel may run `p`: f16/bf16 head dims that are multiples of 8 up to 128,
-/// a padded batch, q, k, v that TMA can load, an output of 16-byte-aligned rows, and its tile's
-/// shared memory within `max_shared`.
+/// a padded batch, q, k, v that TMA can load, an output of 16-byte-aligned rows, fewer than 2^31
+/// query tiles (the kernel numbers them in 32 bits), and its tile's shared memory within
+/// `max_shared`.
 fn wgmma_path(p: &Problem, align: &Alignment, max_shared: usize) -> Option<WgmmaTile> {
     let half = matches!(p.dtype, DType::F16 | DType::BF16);
     let dims_ok = [p.head_dim, p.head_dim_v]
@@ -248,8 +269,12 @@ fn wgmma_path(p: &Problem, align: &Alignment, max_shared: usize) -> Option<Wgmma
     if !(half && dims_ok && out_aligned) || qkv_layouts(p, [q, k, v]).is_none() {
         return None;
     }
-    let tile = wgmma_tile(round_up(p.head_dim, 64), round_up(p.head_dim_v, 64));
-    (tile.shared_bytes() <= max_shared).then_some(tile)
+    let tile = wgmma_tile(
+        round_up(p.head_dim, 64),
+        round_up(p.head_dim_v, 64),
+        Hints::of(p),
+    );
+    (tile.shared_bytes() <= max_shared && tile.tiles(p) <= i32::MAX as usize).then_some(tile)
 }
 
 /// The kernel and tile for `p`. On Hopper (`hopper`: an sm_90a device with the Hopper forward
@@ -267,9 +292,7 @@ pub(crate) fn choose(p: &Problem, align: &Alignment, max_shared: usize, hopper: 
     let aligned = align.strides.iter().flatten().all(|s| s % 8 == 0)
         && align.addresses.iter().all(|a| a % 16 == 0);
     if half && dims_ok && aligned {
-        let hints = Hints {
-            score_mods: p.has_score_mods() || p.scale <= 0.0,
-        };
+        let hints = Hints::of(p);
         let tile = mma_tile(
             round_up(p.head_dim, 32),
             round_up(p.head_dim_v, 32),
@@ -317,13 +340,16 @@ mod tests {
     fn wgmma_tiles_fit_hopper() {
         for dqk in [64, 128] {
             for dv in [64, 128] {
-                let t = wgmma_tile(dqk, dv);
-                assert!(t.shared_bytes() <= 227 * 1024, "{t:?}");
-                assert_eq!(t.br, 64 * t.nwg);
-                assert!(
-                    t.bc.is_multiple_of(64) && t.bc <= 256 && t.br <= 256,
-                    "{t:?}: TMA boxes"
-                );
+                for score_mods in [false, true] {
+                    let t = wgmma_tile(dqk, dv, Hints { score_mods });
+                    assert!(t.shared_bytes() <= 227 * 1024, "{t:?}");
+                    assert_eq!(t.br, 64 * t.nwg);
+                    assert!(!t.pingpong || t.nwg == 2, "{t:?}: ping-pong takes two");
+                    assert!(
+                        t.bc.is_multiple_of(64) && t.bc <= 256 && t.br <= 256,
+                        "{t:?}"
+                    );
+                }
             }
         }
     }
@@ -377,7 +403,10 @@ mod tests {
             let p = problem(dtype, [2, 65, 200, 4, 2, d, dv], &params);
             let got = pick(&p, true);
             match want {
-                Some((dqk, dv)) => assert_eq!(got, Path::Wgmma(wgmma_tile(dqk, dv)), "{dtype} {d}"),
+                Some((dqk, dv)) => {
+                    let hints = Hints { score_mods: true };
+                    assert_eq!(got, Path::Wgmma(wgmma_tile(dqk, dv, hints)), "{dtype} {d}");
+                }
                 None => assert!(!matches!(got, Path::Wgmma(_)), "{dtype} {d}: {got:?}"),
             }
             // Off Hopper (or switched off): today's choice.
