@@ -1,5 +1,6 @@
 //! Compiles every CUDA kernel variant with NVRTC for sm_80 and sm_90a (the Hopper-only variants,
-//! `KernelSource::hopper_only`, for sm_90a alone). Needs libnvrtc but no GPU, so CI runs it; without libnvrtc it prints a note and passes, unless
+//! `KernelSource::hopper_only`, for sm_90a alone, where ptxas must neither serialize their wgmma
+//! nor spill). Needs libnvrtc but no GPU, so CI runs it; without libnvrtc it prints a note and passes, unless
 //! `FLASHATTN_REQUIRE_NVRTC=1` (set by `.ci/run`), which makes a missing NVRTC a failure.
 #![cfg(feature = "cuda")]
 
@@ -7,7 +8,7 @@ mod nvrtc_support;
 
 use flashattn::cuda::{self, KernelSource};
 use flashattn::{Device, Error, Tensor};
-use nvrtc_support::nvrtc_here;
+use nvrtc_support::{nvrtc_here, ptxas_faults};
 use rayon::prelude::*;
 
 /// The architectures every variant must compile for: Ampere and Hopper (arch-specific).
@@ -73,6 +74,27 @@ fn every_kernel_variant_compiles_for_sm80_and_sm90a() {
         t0.elapsed().as_secs_f64()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn hopper_variants_neither_serialize_wgmma_nor_spill() {
+    if !nvrtc_here() {
+        return;
+    }
+    let sources: Vec<KernelSource> = cuda::kernel_sources()
+        .into_iter()
+        .filter(|s| s.hopper_only)
+        .collect();
+    assert!(!sources.is_empty(), "no Hopper variants listed");
+    let faults: Vec<String> = sources
+        .par_iter()
+        .flat_map(|src| match cuda::ptxas_report(src, "sm_90a") {
+            Ok(log) => ptxas_faults(&src.name, &log),
+            Err(e) => vec![format!("{}: {e}", src.name)],
+        })
+        .collect();
+    println!("{} Hopper variants checked", sources.len());
+    assert!(faults.is_empty(), "{}", faults.join("\n"));
 }
 
 #[test]
