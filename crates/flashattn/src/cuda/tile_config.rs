@@ -371,7 +371,7 @@ mod tests {
         Problem::new(&q, &k, &v, params).unwrap()
     }
 
-    /// The alignment of `p` with a contiguous output and every operand at a 256-byte boundary.
+    /// The alignment of `p` with a contiguous output and every operand at a 4 KiB boundary.
     fn aligned(p: &Problem) -> Alignment {
         let dv = p.head_dim_v;
         let o = [p.max_nq * p.heads_q * dv, p.heads_q * dv, dv];
