@@ -48,7 +48,9 @@ available (MemAvailable in /proc/meminfo).
 On a GPU (--device cuda, forward only): rates in TFLOP/s, each time the fastest of --repeats
 batches of back-to-back calls; the standard attention is the library's cuBLAS baseline, its
 device memory the planned allocation (marked *), flashattn's device memory is not measured; the
-kernel variants' compile and cached-load times are printed after the table.";
+kernel variants used are printed after the table by name (fwd_wgmma_: the Hopper kernel, on
+sm_90a; fwd_mma_: tensor cores; fwd_general_: CUDA cores) with their compile and cached-load
+times.";
 
 const RUN_EXAMPLES: &str = "\
 Examples:

@@ -1,5 +1,6 @@
-//! Compiles every CUDA kernel variant with NVRTC for sm_80 and sm_90a. Needs libnvrtc but no
-//! GPU, so CI runs it; without libnvrtc it prints a note and passes, unless
+//! Compiles every CUDA kernel variant with NVRTC for sm_80 and sm_90a (the Hopper-only variants,
+//! `KernelSource::hopper_only`, for sm_90a alone, where ptxas must neither serialize their wgmma
+//! nor spill). Needs libnvrtc but no GPU, so CI runs it; without libnvrtc it prints a note and passes, unless
 //! `FLASHATTN_REQUIRE_NVRTC=1` (set by `.ci/run`), which makes a missing NVRTC a failure.
 #![cfg(feature = "cuda")]
 
@@ -7,11 +8,16 @@ mod nvrtc_support;
 
 use flashattn::cuda::{self, KernelSource};
 use flashattn::{Device, Error, Tensor};
-use nvrtc_support::nvrtc_here;
+use nvrtc_support::{nvrtc_here, ptxas_faults};
 use rayon::prelude::*;
 
 /// The architectures every variant must compile for: Ampere and Hopper (arch-specific).
 const ARCHS: [&str; 2] = ["sm_80", "sm_90a"];
+
+/// The architectures `src` must compile for.
+fn archs_of(src: &KernelSource) -> &'static [&'static str] {
+    if src.hopper_only { &ARCHS[1..] } else { &ARCHS }
+}
 
 #[test]
 fn every_kernel_variant_compiles_for_sm80_and_sm90a() {
@@ -34,7 +40,7 @@ fn every_kernel_variant_compiles_for_sm80_and_sm90a() {
     // NVRTC programs are independent: compile on every core (hundreds of variants).
     let jobs: Vec<(&KernelSource, &str)> = sources
         .iter()
-        .flat_map(|s| ARCHS.iter().map(move |&a| (s, a)))
+        .flat_map(|s| archs_of(s).iter().map(move |&a| (s, a)))
         .collect();
     let t0 = std::time::Instant::now();
     let results: Vec<(String, std::result::Result<String, String>)> = jobs
@@ -61,12 +67,34 @@ fn every_kernel_variant_compiles_for_sm80_and_sm90a() {
         }
     }
     println!(
-        "{} variants x {} architectures in {:.1} s",
+        "{} variants ({} of them sm_90a only), {} compiles in {:.1} s",
         sources.len(),
-        ARCHS.len(),
+        sources.iter().filter(|s| s.hopper_only).count(),
+        jobs.len(),
         t0.elapsed().as_secs_f64()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn hopper_variants_neither_serialize_wgmma_nor_spill() {
+    if !nvrtc_here() {
+        return;
+    }
+    let sources: Vec<KernelSource> = cuda::kernel_sources()
+        .into_iter()
+        .filter(|s| s.hopper_only)
+        .collect();
+    assert!(!sources.is_empty(), "no Hopper variants listed");
+    let faults: Vec<String> = sources
+        .par_iter()
+        .flat_map(|src| match cuda::ptxas_report(src, "sm_90a") {
+            Ok(log) => ptxas_faults(&src.name, &log),
+            Err(e) => vec![format!("{}: {e}", src.name)],
+        })
+        .collect();
+    println!("{} Hopper variants checked", sources.len());
+    assert!(faults.is_empty(), "{}", faults.join("\n"));
 }
 
 #[test]
@@ -78,6 +106,7 @@ fn a_rejected_kernel_keeps_the_compile_log() {
         name: "broken".into(),
         code: "extern \"C\" __global__ void broken(float* x) { x[0] = undeclared_name; }".into(),
         entry: "broken".into(),
+        hopper_only: false,
     };
     match cuda::compile_ptx(&src, "sm_80") {
         Err(Error::Compile { kernel, log }) => {
@@ -102,6 +131,7 @@ fn hopper_instructions_need_the_arch_specific_target() {
         code: "extern \"C\" __global__ void k() { asm volatile(\"setmaxnreg.inc.sync.aligned.u32 232;\"); }"
             .into(),
         entry: "k".into(),
+        hopper_only: true,
     };
     let ptx = cuda::compile_ptx(&src, "sm_90a").expect("sm_90a accepts setmaxnreg");
     assert!(ptx.contains(".target sm_90a"), "{ptx}");

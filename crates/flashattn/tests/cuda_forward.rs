@@ -12,132 +12,13 @@
 
 mod common;
 
+use common::gpu::{GPU, check_gpu_cases, gpu_errors, poison, to_device};
 use common::{
-    Case, F32_TOL, HALF_FLOOR, Inputs, Layout, Worst, assert_laid_out_like, bits, describe, grid,
-    lse_error, lse_tolerance, rel, rng, tolerance,
+    Case, F32_TOL, HALF_FLOOR, Layout, assert_laid_out_like, bits, describe, grid, lse_error,
+    lse_tolerance, rel, rng, tolerance,
 };
 use flashattn::reference::{oracle, standard};
 use flashattn::{AttentionParams, DType, Device, Error, Tensor};
-
-const GPU: Device = Device::Cuda(0);
-
-/// q, k, v and every tensor of the params moved to `device`.
-fn to_device(x: &Inputs, device: Device) -> Inputs {
-    let up = |t: &Tensor| t.to_device(device).expect("upload");
-    let mut p = x.p.clone();
-    p.bias = p.bias.as_ref().map(up);
-    p.alibi_slopes = p.alibi_slopes.as_ref().map(up);
-    Inputs {
-        q: up(&x.q),
-        k: up(&x.k),
-        v: up(&x.v),
-        dout: up(&x.dout),
-        p,
-    }
-}
-
-/// Errors of one case on the GPU.
-#[derive(Debug)]
-struct GpuErrors {
-    out: f64,
-    lse: f64,
-    standard: f64,
-    standard_lse: f64,
-    cpu_standard: f64,
-}
-
-/// Outputs are allocated filled with NaN, and the allocator's free memory is poisoned too.
-fn poison() {
-    flashattn::internals::set_poison_outputs(true);
-    flashattn::cuda::poison_free_memory(0, 64 << 20).expect("poisoning free GPU memory");
-}
-
-fn gpu_errors(case: &Case, x: &Inputs) -> GpuErrors {
-    let o = oracle::forward(&x.q, &x.k, &x.v, &x.p).expect("oracle forward");
-    let cpu_std = standard::forward(&x.q, &x.k, &x.v, &x.p).expect("cpu standard forward");
-    let g = to_device(x, GPU);
-    poison();
-    let s = standard::forward(&g.q, &g.k, &g.v, &g.p).expect("gpu standard forward");
-    poison();
-    let f = flashattn::forward(&g.q, &g.k, &g.v, &g.p).expect("gpu forward");
-    for (t, what) in [(&f.out, "out"), (&f.lse, "lse"), (&s.out, "standard out")] {
-        assert_eq!(t.device(), GPU, "{what} is not on the GPU");
-    }
-    assert_eq!(f.out.shape(), cpu_std.out.shape(), "out shape");
-    assert_eq!(f.lse.shape(), cpu_std.lse.shape(), "lse shape");
-    assert_eq!(f.lse.dtype(), DType::F32);
-    assert_laid_out_like(&f.out, &g.q, "out");
-    assert_laid_out_like(&s.out, &g.q, "standard out");
-    let out = f.out.to_f64_vec().unwrap();
-    if let Some(i) = out.iter().position(|v| !v.is_finite()) {
-        panic!(
-            "{}: out[{i}] = {} (unwritten or NaN)",
-            describe(case),
-            out[i]
-        );
-    }
-    let std_out = s.out.to_f64_vec().unwrap();
-    assert!(
-        std_out.iter().all(|v| v.is_finite()),
-        "standard: non-finite output"
-    );
-    GpuErrors {
-        out: rel(&out, &o.out),
-        lse: lse_error(&f.lse.to_f64_vec().unwrap(), &o.lse),
-        standard: rel(&std_out, &o.out),
-        standard_lse: lse_error(&s.lse.to_f64_vec().unwrap(), &o.lse),
-        cpu_standard: rel(&cpu_std.out.to_f64_vec().unwrap(), &o.out),
-    }
-}
-
-/// The GPU standard attention is a fair yardstick: f32 within the f32 bound, f16/bf16 no worse
-/// than twice the CPU standard attention in the same precision.
-fn standard_ok(dtype: DType, e: &GpuErrors) -> bool {
-    match dtype {
-        DType::F32 => e.standard <= F32_TOL,
-        _ => e.standard <= 2.0 * e.cpu_standard + HALF_FLOOR,
-    }
-}
-
-fn check_gpu_cases(test: &str, seed0: u64, cases: &[Case]) {
-    let mut failures = Vec::new();
-    let mut worst = Worst::default();
-    for (n, case) in cases.iter().enumerate() {
-        let seed = seed0 + n as u64;
-        let x = case.inputs(&mut rng(seed));
-        let e = gpu_errors(case, &x);
-        let tol = tolerance(case.dtype, e.standard);
-        let lse_tol = lse_tolerance(case.dtype, e.standard_lse);
-        let ok = e.out <= tol && e.lse <= lse_tol && standard_ok(case.dtype, &e);
-        println!(
-            "[{}] gpu {test} #{n} seed {seed} {}: out rel {:.2e} (gpu standard {:.2e}, cpu standard {:.2e}, bound {:.2e}), lse {:.2e} (bound {:.2e})",
-            if ok { "PASS" } else { "FAIL" },
-            describe(case),
-            e.out,
-            e.standard,
-            e.cpu_standard,
-            tol,
-            e.lse,
-            lse_tol
-        );
-        let ratio = if e.standard > 0.0 {
-            e.out / e.standard
-        } else {
-            0.0
-        };
-        worst.add(case.dtype, e.out, ratio, e.lse);
-        if !ok {
-            failures.push(format!("#{n} seed {seed} {}: {e:?}", describe(case)));
-        }
-    }
-    worst.print(&format!("gpu {test}"), "out");
-    assert!(
-        failures.is_empty(),
-        "gpu {test}: {} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
-}
 
 macro_rules! grid_tests {
     ($($name:ident: $seed:expr),* $(,)?) => {$(

@@ -19,7 +19,7 @@ use std::mem::MaybeUninit;
 use cudarc::driver::{CudaContext, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, sys};
 use cudarc::nvrtc::Ptx;
 use flashattn::cuda::{self, KernelSource};
-use nvrtc_support::nvrtc_here;
+use nvrtc_support::{nvrtc_here, ptxas_faults};
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
 /// The 16-bit element types wgmma takes here.
@@ -71,6 +71,7 @@ fn source(dtype: Half, n: usize, k: usize) -> KernelSource {
         name: format!("hopper_test_{dtype:?}_n{n}_k{k}").to_lowercase(),
         code,
         entry: "hopper_test_ss".into(),
+        hopper_only: true,
     }
 }
 
@@ -104,17 +105,7 @@ fn hopper_kernels_compile_for_sm90a_with_no_serialized_wgmma() {
         }
         let log = cuda::ptxas_report(&src, "sm_90a").expect("ptxas report");
         println!("== {}\n{}", src.name, log.trim_end());
-        // ptxas warns "wgmma.mma_async instructions are serialized" (C7510, C7515, ...) when it
-        // cannot keep them asynchronous; the report line per kernel gives its spills.
-        let lower = log.to_lowercase();
-        if lower.contains("serialized") || lower.contains("warning") {
-            failures.push(format!("{}: ptxas warned:\n{log}", src.name));
-        }
-        for line in log.lines().filter(|l| l.contains("spill")) {
-            if !line.contains("0 bytes spill stores, 0 bytes spill loads") {
-                failures.push(format!("{}: {line}", src.name));
-            }
-        }
+        failures.extend(ptxas_faults(&src.name, &log));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

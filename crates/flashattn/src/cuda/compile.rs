@@ -33,6 +33,8 @@ pub struct KernelSource {
     pub code: String,
     /// The name of the `extern "C" __global__` function to launch.
     pub entry: String,
+    /// Built for sm_90a only (it uses wgmma, TMA or setmaxnreg, which other targets reject).
+    pub hopper_only: bool,
 }
 
 /// Scalar types and dtype conversions (`kernels/types.cuh`): the first header of every kernel.
@@ -279,6 +281,12 @@ fn load(gpu: &Gpu, src: &KernelSource, cubin: &[u8]) -> Result<CudaFunction> {
 
 /// The kernel of `src` loaded on `gpu`, compiled on first use (see the module docs for the caches).
 pub(crate) fn function(gpu: &Gpu, src: &KernelSource) -> Result<CudaFunction> {
+    if src.hopper_only && gpu.arch != "sm_90a" {
+        return Err(Error::Unsupported {
+            device: "cuda",
+            what: format!("kernel `{}` on {} (it needs sm_90a)", src.name, gpu.arch),
+        });
+    }
     let mut cache = function_cache().lock().unwrap_or_else(|p| p.into_inner());
     let slot = cache
         .entry((gpu.ordinal, src.name.clone(), src.entry.clone()))

@@ -1,9 +1,12 @@
 //! The FlashAttention forward on the GPU: picks the kernel and tile ([`super::tile_config`]),
 //! builds the variant's source (defines pasted before the shared headers), compiles it on first
-//! use through the cached loader, and launches it with a [`FlashParams`] on the GPU's stream.
+//! use through the cached loader, and launches it with a [`FlashParams`] on the GPU's stream (and,
+//! for the Hopper kernel, the TMA maps of q, k and v: [`super::tensor_map`]).
 
 use cudarc::driver::sys::CUfunction_attribute;
+use std::cell::Cell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
@@ -12,7 +15,8 @@ use super::compile::{KernelSource, TYPES_HEADER, function};
 use super::device::{Gpu, gpu};
 use super::params::{FlashParams, Pointers};
 use super::storage::CudaStorage;
-use super::tile_config::{Alignment, GENERAL_THREADS, Path, choose};
+use super::tensor_map::forward_maps;
+use super::tile_config::{Alignment, GENERAL_THREADS, Hints, Path, choose, wgmma_tile};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::outputs::ForwardOutput;
@@ -29,6 +33,8 @@ const HEADERS: [&str; 4] = [
 const MMA: &str = include_str!("../../kernels/mma.cuh");
 const FWD_MMA: &str = include_str!("../../kernels/flash_fwd_mma.cu");
 const FWD_GENERAL: &str = include_str!("../../kernels/flash_fwd_general.cu");
+const HOPPER: &str = include_str!("../../kernels/hopper.cuh");
+const FWD_WGMMA: &str = include_str!("../../kernels/flash_fwd_wgmma.cu");
 
 /// How far (log2 units) a row's running max may rise before O is rescaled: exp2 of scores up to
 /// 2^8 above the reference is exact in f32, and O and l share the reference, so the result is the
@@ -57,6 +63,14 @@ impl Options {
             nonpos_scale: p.scale <= 0.0,
         }
     }
+
+    const MASK: Options = Options {
+        softcap: false,
+        alibi: false,
+        bias: false,
+        mask: true,
+        nonpos_scale: false,
+    };
 
     const ALL: Options = Options {
         softcap: true,
@@ -140,11 +154,32 @@ pub(crate) fn kernel_source(path: &Path, dtype: DType, opts: Options) -> KernelS
                 "flash_fwd_general",
             )
         }
+        Path::Wgmma(t) => {
+            code += &format!(
+                "#define DQK {}\n#define DV {}\n#define BR {}\n#define BC {}\n#define NWG {}\n\
+                 #define STAGES {}\n#define PINGPONG {}\n#define RESCALE_SLACK {}\n",
+                t.dqk, t.dv, t.br, t.bc, t.nwg, t.stages, t.pingpong as u8, RESCALE_SLACK
+            );
+            code += &[&HEADERS[..], &[MMA, HOPPER, FWD_WGMMA]]
+                .concat()
+                .join("\n");
+            let name = format!(
+                "fwd_wgmma_{tname}_d{}x{}_{}x{}s{}{}",
+                t.dqk,
+                t.dv,
+                t.br,
+                t.bc,
+                t.stages,
+                if t.pingpong { "p" } else { "" }
+            );
+            (name, "flash_fwd_wgmma")
+        }
     };
     KernelSource {
         name: name + &opts.suffix(),
         code,
         entry: entry.into(),
+        hopper_only: matches!(path, Path::Wgmma(_)),
     }
 }
 
@@ -152,19 +187,29 @@ pub(crate) fn kernel_source(path: &Path, dtype: DType, opts: Options) -> KernelS
 /// 32..=256, on 227 KB and 99 KB parts, for every hint; CUDA-core: every dtype, head dims
 /// 32..=512). Tiles picked for score mods are listed with every option on (every `#if` branch
 /// compiled); the others with no option and with the mask alone; the CUDA-core kernel with every
-/// option, and with none at head dim 64.
+/// option, and with none at head dim 64; the Hopper kernel (sm_90a only) for f16 and bf16, padded
+/// head dims 64 and 128 each, with no option, the mask alone, and every option (on the tile
+/// picked for score mods).
 pub fn kernel_sources() -> Vec<KernelSource> {
     let mut out: Vec<KernelSource> = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        for (dqk, dv) in [(64, 64), (64, 128), (128, 64), (128, 128)] {
+            for opts in [Options::default(), Options::MASK, Options::ALL] {
+                let hints = Hints {
+                    score_mods: opts == Options::ALL,
+                };
+                let t = Path::Wgmma(wgmma_tile(dqk, dv, hints));
+                out.push(kernel_source(&t, dtype, opts));
+            }
+        }
+    }
     for dtype in [DType::F16, DType::BF16] {
         for d in (32..=256).step_by(32) {
             for (t, hints) in super::tile_config::all_mma_tiles(d, d) {
                 let opts = if hints.score_mods {
                     Options::ALL
                 } else {
-                    Options {
-                        mask: true,
-                        ..Options::default()
-                    }
+                    Options::MASK
                 };
                 out.push(kernel_source(&Path::Mma(t), dtype, opts));
                 if !hints.score_mods {
@@ -184,6 +229,28 @@ pub fn kernel_sources() -> Vec<KernelSource> {
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out.dedup_by(|a, b| a.name == b.name);
     out
+}
+
+/// Whether sm_90a devices run the Hopper kernel where it applies (on unless switched off).
+static HOPPER_FORWARD: AtomicBool = AtomicBool::new(true);
+
+/// Test and benchmark support: turns the Hopper (wgmma) forward on or off for this process; off,
+/// sm_90a devices run the kernels every other GPU runs.
+pub fn set_hopper_forward(on: bool) {
+    HOPPER_FORWARD.store(on, Ordering::Relaxed);
+}
+
+thread_local! {
+    /// The variant of this thread's last forward launch.
+    static LAST_VARIANT: Cell<Option<(Path, DType, Options)>> = const { Cell::new(None) };
+}
+
+/// Test support: the name of the forward variant this thread launched last (`fwd_wgmma_…`,
+/// `fwd_mma_…` or `fwd_general_…`), or `None` before any launch.
+pub fn last_cuda_forward_kernel() -> Option<String> {
+    LAST_VARIANT
+        .get()
+        .map(|(path, dtype, opts)| kernel_source(&path, dtype, opts).name)
 }
 
 type ReadyKey = (usize, Path, DType, Options);
@@ -299,6 +366,23 @@ fn gpu_for(p: &Problem, k: &Tensor) -> Result<Arc<Gpu>> {
     gpu(ordinal)
 }
 
+/// The grid of a kernel with one block per `rows` query rows of each (batch, query head).
+fn grid_of(p: &Problem, rows: usize) -> Result<(u32, u32, u32)> {
+    for (what, n) in [("query heads", p.heads_q), ("batch", p.batch)] {
+        if n > 65535 {
+            return Err(Error::Unsupported {
+                device: "cuda",
+                what: format!("{what} = {n} (at most 65535: a dimension of the launch grid)"),
+            });
+        }
+    }
+    Ok((
+        p.max_nq.div_ceil(rows) as u32,
+        p.heads_q as u32,
+        p.batch as u32,
+    ))
+}
+
 /// Queues the kernel that writes every element of `out` and `lse` (device tensors of the
 /// problem's output shapes).
 fn queue(
@@ -349,41 +433,53 @@ fn queue(
     let params = FlashParams::new(p, ptr, &o_layout);
 
     let align = Alignment {
-        strides: [&p.q, &p.k, &p.v, &o_layout]
-            .iter()
-            .flat_map(|l| [l.batch, l.row, l.head])
-            .collect(),
-        addresses: vec![ptr.q, ptr.k, ptr.v, ptr.o],
+        strides: [&p.q, &p.k, &p.v, &o_layout].map(|l| [l.batch, l.row, l.head]),
+        addresses: [ptr.q, ptr.k, ptr.v, ptr.o],
     };
-    let path = choose(p, &align, g.max_shared_per_block);
-    let (rows, threads, shared) = match &path {
-        Path::Mma(t) => (t.br, t.threads(), t.shared_bytes()),
-        Path::General(t) => (t.rows(), GENERAL_THREADS, t.shared_bytes()),
+    let max_shared = g.max_shared_per_block;
+    let hopper = g.arch == "sm_90a" && HOPPER_FORWARD.load(Ordering::Relaxed);
+    // Maps are encoded before the Hopper kernel is compiled: one the driver refuses sends the
+    // problem to the other kernels, as on any other GPU.
+    let (path, maps) = match choose(p, &align, max_shared, hopper) {
+        Path::Wgmma(t) => match forward_maps(p, [ptr.q, ptr.k, ptr.v], t.br, t.bc) {
+            Some(maps) => (Path::Wgmma(t), Some(maps)),
+            None => (choose(p, &align, max_shared, false), None),
+        },
+        other => (other, None),
     };
-    let blocks = p.max_nq.div_ceil(rows);
-    for (what, n) in [("query heads", p.heads_q), ("batch", p.batch)] {
-        if n > 65535 {
-            return Err(Error::Unsupported {
-                device: "cuda",
-                what: format!("{what} = {n} (at most 65535: a dimension of the launch grid)"),
-            });
+    let (grid, threads, shared) = match &path {
+        Path::Mma(t) => (grid_of(p, t.br)?, t.threads(), t.shared_bytes()),
+        Path::General(t) => (grid_of(p, t.rows())?, GENERAL_THREADS, t.shared_bytes()),
+        // Persistent: at most one block per SM, each walking the query tiles.
+        Path::Wgmma(t) => {
+            let blocks = t.tiles(p).clamp(1, g.sm_count.max(1));
+            ((blocks as u32, 1, 1), t.threads(), t.shared_bytes())
         }
-    }
-    let func = launchable(g, &path, p.dtype, Options::of(p), shared)?;
+    };
+    let opts = Options::of(p);
+    let func = launchable(g, &path, p.dtype, opts, shared)?;
     let cfg = LaunchConfig {
-        grid_dim: (blocks as u32, p.heads_q as u32, p.batch as u32),
+        grid_dim: grid,
         block_dim: (threads as u32, 1, 1),
         shared_mem_bytes: shared as u32,
     };
     let mut launch = g.stream.launch_builder(&func);
     launch.arg(&params);
+    for map in maps.iter().flatten() {
+        launch.arg(map);
+    }
     // SAFETY: every address in `params` points into a live device allocation of this GPU (q, k, v
     // and the bias are validated views whose elements lie inside their buffers; out and lse are
     // validated device views of exactly the shapes the kernel writes, in buffers of their own;
     // alibi and cu_seqlens are uploaded above and outlive the launch on this stream). The kernel
     // reads and writes only the elements the validated sizes and strides in `params` describe,
-    // and `shared` bytes were allowed above.
+    // and `shared` bytes were allowed above. The Hopper kernel's tensor maps (passed after
+    // `params`, in the order q, k, v) describe only elements of those same validated views: each
+    // map's address, sizes and strides are its tensor's own (except the stride of a dimension of
+    // size 1, never stepped along, which is replaced by a valid one); TMA zero-fills the parts of
+    // a box outside them.
     unsafe { launch.launch(cfg) }.map_err(Gpu::err("launching the forward kernel"))?;
+    LAST_VARIANT.set(Some((path, p.dtype, opts)));
     drop((alibi, cu, bias));
     Ok(())
 }
@@ -391,6 +487,18 @@ fn queue(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_hopper_variants_are_hopper_only() {
+        for src in kernel_sources() {
+            assert_eq!(
+                src.hopper_only,
+                src.name.starts_with("fwd_wgmma_"),
+                "{}",
+                src.name
+            );
+        }
+    }
 
     #[test]
     fn variant_names_are_unique() {
@@ -404,7 +512,7 @@ mod tests {
 
     #[test]
     fn every_pickable_variant_is_listed() {
-        use crate::cuda::tile_config::{Hints, general_tile, mma_tile};
+        use crate::cuda::tile_config::{general_tile, mma_tile};
         let names: Vec<String> = kernel_sources().into_iter().map(|s| s.name).collect();
         let listed = |path: Path, dtype, opts| {
             let name = kernel_source(&path, dtype, opts).name;
@@ -425,6 +533,16 @@ mod tests {
                     for max_shared in [227 * 1024, 99 * 1024] {
                         listed(Path::Mma(mma_tile(d, d, hints, max_shared)), dtype, opts);
                     }
+                }
+            }
+        }
+        for dtype in [DType::F16, DType::BF16] {
+            for (dqk, dv) in [(64, 64), (64, 128), (128, 64), (128, 128)] {
+                for opts in [Options::default(), Options::MASK, Options::ALL] {
+                    let hints = Hints {
+                        score_mods: opts == Options::ALL,
+                    };
+                    listed(Path::Wgmma(wgmma_tile(dqk, dv, hints)), dtype, opts);
                 }
             }
         }

@@ -14,6 +14,7 @@ pub(crate) mod forward;
 pub(crate) mod params;
 pub(crate) mod standard;
 pub(crate) mod storage;
+pub(crate) mod tensor_map;
 pub(crate) mod tile_config;
 
 pub use compile::{

@@ -93,6 +93,7 @@ fn source(entry: &str, dtype: DType) -> KernelSource {
             include_str!("../../kernels/standard_softmax.cu")
         ),
         entry: entry.to_string(),
+        hopper_only: false,
     }
 }
 

@@ -2,6 +2,8 @@
 //! case description every grid uses, and error measures against the f64 oracle.
 #![allow(dead_code)]
 
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod grid;
 mod measure;
 

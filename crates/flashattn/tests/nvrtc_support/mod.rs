@@ -1,5 +1,5 @@
 //! Whether the NVRTC-only tests can run here: CI (`FLASHATTN_REQUIRE_NVRTC=1`) requires it,
-//! elsewhere its absence is a printed note.
+//! elsewhere its absence is a printed note; and what a Hopper build's ptxas report must not show.
 
 use flashattn::cuda;
 
@@ -17,4 +17,21 @@ pub fn nvrtc_here() -> bool {
             false
         }
     }
+}
+
+/// What ptxas's verbose report `log` of the variant `name` shows that a wgmma build must not:
+/// a warning such as "wgmma.mma_async instructions are serialized" (C7510, C7515, ...), or spills
+/// (one report line per kernel gives them).
+pub fn ptxas_faults(name: &str, log: &str) -> Vec<String> {
+    let mut faults = Vec::new();
+    let lower = log.to_lowercase();
+    if lower.contains("serialized") || lower.contains("warning") {
+        faults.push(format!("{name}: ptxas warned:\n{log}"));
+    }
+    for line in log.lines().filter(|l| l.contains("spill")) {
+        if !line.contains("0 bytes spill stores, 0 bytes spill loads") {
+            faults.push(format!("{name}: {line}"));
+        }
+    }
+    faults
 }
