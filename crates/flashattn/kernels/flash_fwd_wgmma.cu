@@ -19,6 +19,9 @@
 // Persistent: a grid of at most one block per SM (tile_info numbers the tiles), 128 (NWG + 1)
 // threads, WGMMA_SMEM bytes of dynamic shared memory.
 
+#ifndef SECTION_MB
+#define SECTION_MB 8
+#endif
 #ifndef Q_OPAQUE
 #define Q_OPAQUE 1
 #endif

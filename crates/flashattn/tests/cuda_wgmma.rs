@@ -14,7 +14,7 @@ use common::{Alibi, Case, Layout, describe};
 use flashattn::DType::{BF16, F16};
 use flashattn::internals::{last_cuda_forward_kernel, set_hopper_forward};
 
-/// Problems the wgmma kernel takes: both dtypes, head dims 64, 128 and padded ones, V's head dim
+/// Problems the wgmma kernel takes: both dtypes, head dims 64 to 256 and padded ones, V's head dim
 /// apart from Q's, causal with Nq ≠ Nk both ways, windows, GQA and MQA, every score option,
 /// batch > 1, lengths 1 to 1000, and `[B, H, N, D]` storage (strided rows that TMA still loads).
 fn wgmma_cases() -> Vec<Case> {
@@ -60,13 +60,28 @@ fn wgmma_cases() -> Vec<Case> {
             .batch(2)
             .heads(2, 1)
             .causal(),
+        Case::new(200, 113, 256).dtype(BF16).causal(),
+        Case::new(300, 300, 192).dtype(F16).heads(4, 2),
+        Case::new(130, 257, 160).dv(256).dtype(BF16).causal(),
+        Case::new(257, 130, 256).dv(64).dtype(F16),
+        Case::new(200, 200, 256)
+            .dtype(BF16)
+            .causal()
+            .softcap(20.0)
+            .alibi(Alibi::PerHead)
+            .bias([true, true, true, true]),
+        Case::new(150, 150, 192)
+            .dtype(F16)
+            .window(Some(40), Some(3))
+            .bias([false, true, true, true]),
     ]
 }
 
-/// Problems it does not take (a head dim above 128, a packed batch): the tensor-core kernel.
+/// Problems it does not take (a head dim above 256, a packed batch): the tensor-core kernel or the
+/// CUDA-core one.
 fn mma_cases() -> Vec<Case> {
     vec![
-        Case::new(200, 113, 256).dtype(BF16).causal(),
+        Case::new(200, 113, 264).dtype(BF16).causal(),
         Case::new(0, 0, 64)
             .dtype(F16)
             .heads(4, 2)
@@ -74,14 +89,16 @@ fn mma_cases() -> Vec<Case> {
     ]
 }
 
-/// Runs `case` and checks it against the oracle, then that the variant launched starts `prefix`.
-fn check_on(prefix: &str, test: &str, seed: u64, case: &Case) {
+/// Runs `case` and checks it against the oracle, then whether the variant launched was the wgmma
+/// kernel (`fwd_wgmma_…`).
+fn check_on(wgmma: bool, test: &str, seed: u64, case: &Case) {
     check_gpu_cases(test, seed, std::slice::from_ref(case));
     let kernel = last_cuda_forward_kernel().expect("a forward was launched");
     println!("{}: {kernel}", describe(case));
-    assert!(
-        kernel.starts_with(prefix),
-        "{}: ran on {kernel}, expected {prefix}…",
+    assert_eq!(
+        kernel.starts_with("fwd_wgmma_"),
+        wgmma,
+        "{}: ran on {kernel}",
         describe(case)
     );
 }
@@ -96,15 +113,15 @@ fn wgmma_forward_matches_the_oracle_on_hopper() {
     }
     set_hopper_forward(true);
     for (n, case) in wgmma_cases().iter().enumerate() {
-        check_on("fwd_wgmma_", "wgmma", 300_000 + n as u64, case);
+        check_on(true, "wgmma", 300_000 + n as u64, case);
     }
     for (n, case) in mma_cases().iter().enumerate() {
-        check_on("fwd_mma_", "wgmma fallback", 310_000 + n as u64, case);
+        check_on(false, "wgmma fallback", 310_000 + n as u64, case);
     }
-    // Switched off, the same problems run on the tensor-core kernel.
+    // Switched off, the same problems run on the other kernels.
     set_hopper_forward(false);
     for (n, case) in wgmma_cases().iter().take(3).enumerate() {
-        check_on("fwd_mma_", "hopper off", 320_000 + n as u64, case);
+        check_on(false, "hopper off", 320_000 + n as u64, case);
     }
     set_hopper_forward(true);
 }

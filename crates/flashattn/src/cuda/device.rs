@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::{self, CUdevice_attribute};
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 
 use crate::error::{Error, Result};
 
@@ -32,6 +32,26 @@ pub(crate) struct Gpu {
     pub sm_count: usize,
     /// Shared memory one block may opt in to, in bytes.
     pub max_shared_per_block: usize,
+    /// The two i32 the persistent Hopper forward takes its tiles from (`sched` in
+    /// kernels/flash_fwd_wgmma.cu): zero before each launch, since every launch leaves them zero,
+    /// and used by one launch at a time, since all of them are ordered on `stream`.
+    tile_counter: OnceLock<CudaSlice<i32>>,
+}
+
+impl Gpu {
+    /// The device address of [`Gpu::tile_counter`], allocated (zeroed) on first use.
+    pub(crate) fn tile_counter(&self) -> Result<u64> {
+        if self.tile_counter.get().is_none() {
+            let zeros = self
+                .stream
+                .alloc_zeros::<i32>(2)
+                .map_err(|e| driver_error("allocating the tile counter", e))?;
+            // A thread that lost the race drops its buffer; the kept one is zero either way.
+            let _ = self.tile_counter.set(zeros);
+        }
+        let counter = self.tile_counter.get().expect("set above");
+        Ok(counter.device_ptr(&self.stream).0)
+    }
 }
 
 impl std::fmt::Debug for Gpu {
@@ -118,6 +138,7 @@ pub(crate) fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
             CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
         )?,
         stream: ctx.default_stream(),
+        tile_counter: OnceLock::new(),
         ctx,
     });
     map.insert(ordinal, gpu.clone());

@@ -36,6 +36,9 @@ const FWD_GENERAL: &str = include_str!("../../kernels/flash_fwd_general.cu");
 const HOPPER: &str = include_str!("../../kernels/hopper.cuh");
 const FWD_WGMMA: &str = include_str!("../../kernels/flash_fwd_wgmma.cu");
 
+/// The padded head dims (of Q/K and of V) the Hopper kernel is built for.
+const WGMMA_DIMS: [usize; 4] = [64, 128, 192, 256];
+
 /// How far (log2 units) a row's running max may rise before O is rescaled: exp2 of scores up to
 /// 2^8 above the reference is exact in f32, and O and l share the reference, so the result is the
 /// same while most key blocks skip the rescale.
@@ -90,6 +93,14 @@ impl Options {
             flag("NONPOS_SCALE", self.nonpos_scale),
         ]
         .concat()
+    }
+
+    /// What steers the tile of a variant with these options.
+    fn hints(&self) -> Hints {
+        Hints {
+            score_mods: self.softcap || self.alibi || self.bias || self.nonpos_scale,
+            mask: self.mask,
+        }
     }
 
     fn suffix(&self) -> String {
@@ -193,12 +204,9 @@ pub(crate) fn kernel_source(path: &Path, dtype: DType, opts: Options) -> KernelS
 pub fn kernel_sources() -> Vec<KernelSource> {
     let mut out: Vec<KernelSource> = Vec::new();
     for dtype in [DType::F16, DType::BF16] {
-        for (dqk, dv) in [(64, 64), (64, 128), (128, 64), (128, 128)] {
+        for (dqk, dv) in WGMMA_DIMS.iter().flat_map(|&a| WGMMA_DIMS.map(|b| (a, b))) {
             for opts in [Options::default(), Options::MASK, Options::ALL] {
-                let hints = Hints {
-                    score_mods: opts == Options::ALL,
-                };
-                let t = Path::Wgmma(wgmma_tile(dqk, dv, hints));
+                let t = Path::Wgmma(wgmma_tile(dqk, dv, opts.hints()));
                 out.push(kernel_source(&t, dtype, opts));
             }
         }
@@ -463,10 +471,17 @@ fn queue(
         block_dim: (threads as u32, 1, 1),
         shared_mem_bytes: shared as u32,
     };
+    let sched = match path {
+        Path::Wgmma(_) => g.tile_counter()?,
+        _ => 0,
+    };
     let mut launch = g.stream.launch_builder(&func);
     launch.arg(&params);
-    for map in maps.iter().flatten() {
-        launch.arg(map);
+    if let Some(maps) = &maps {
+        for map in maps {
+            launch.arg(map);
+        }
+        launch.arg(&sched);
     }
     // SAFETY: every address in `params` points into a live device allocation of this GPU (q, k, v
     // and the bias are validated views whose elements lie inside their buffers; out and lse are
@@ -477,7 +492,8 @@ fn queue(
     // `params`, in the order q, k, v) describe only elements of those same validated views: each
     // map's address, sizes and strides are its tensor's own (except the stride of a dimension of
     // size 1, never stepped along, which is replaced by a valid one); TMA zero-fills the parts of
-    // a box outside them.
+    // a box outside them. Its tile counter (`sched`) is this GPU's, zero between launches and
+    // used by one launch at a time (all are ordered on this stream).
     unsafe { launch.launch(cfg) }.map_err(Gpu::err("launching the forward kernel"))?;
     LAST_VARIANT.set(Some((path, p.dtype, opts)));
     drop((alibi, cu, bias));
@@ -521,7 +537,10 @@ mod tests {
         for dtype in [DType::F16, DType::BF16] {
             for d in (32..=256).step_by(32) {
                 for (score_mods, mask) in [(false, false), (false, true), (true, true)] {
-                    let hints = Hints { score_mods };
+                    let hints = Hints {
+                        score_mods,
+                        mask,
+                    };
                     let opts = if score_mods {
                         Options::ALL
                     } else {
@@ -537,12 +556,11 @@ mod tests {
             }
         }
         for dtype in [DType::F16, DType::BF16] {
-            for (dqk, dv) in [(64, 64), (64, 128), (128, 64), (128, 128)] {
-                for opts in [Options::default(), Options::MASK, Options::ALL] {
-                    let hints = Hints {
-                        score_mods: opts == Options::ALL,
-                    };
-                    listed(Path::Wgmma(wgmma_tile(dqk, dv, hints)), dtype, opts);
+            for dqk in WGMMA_DIMS {
+                for dv in WGMMA_DIMS {
+                    for opts in [Options::default(), Options::MASK, Options::ALL] {
+                        listed(Path::Wgmma(wgmma_tile(dqk, dv, opts.hints())), dtype, opts);
+                    }
                 }
             }
         }

@@ -14,11 +14,14 @@
 //!   m16n8k16, above shared memory's 128 B/clock at the tensor-core rate.
 //!
 //! On Hopper (sm_90a) the warp-specialized TMA + wgmma kernel runs f16/bf16 problems with head dims
-//! up to 128 whose q, k, v TMA can load; the rest as above. Its tiles ([`wgmma_tile`]):
-//! - 2 consumer warpgroups (128 query rows), a 2-deep K/V ring, no ping-pong (to be measured).
-//! - Padded DV = 64, any DQK: 128 keys per block, score mods too (to be measured).
-//! - DV = 128: 128 keys; 64 with score mods (with 128, ptxas spills 48-80 bytes: S and O
-//!   accumulators beside the mods' registers).
+//! up to 256 whose q, k, v TMA can load; the rest as above. Its tiles ([`wgmma_tile`]; figures in
+//! kernels/README.md, version 6), a 2-deep K/V ring and no ping-pong everywhere (ping-pong was
+//! 1-10% slower from N = 4096 at D = 128 and 256):
+//! - Padded D ≤ 64: 3 consumer warpgroups × 128 keys (192 rows; 1.1× the 2-warpgroup tile from
+//!   N = 2048); 2 warpgroups (128 rows) with a mask or score mods, which spill with 3.
+//! - D ≤ 128: 128×128 (1.1-1.2× 128×64); 128×64 with score mods (128×128 spills with them).
+//! - D ≤ 192, and D = 256 without score mods: 128×64 (the O accumulator takes DV/2 registers);
+//!   128×32 at D = 256 with score mods.
 
 use super::tensor_map::qkv_layouts;
 use crate::dtype::DType;
@@ -87,7 +90,7 @@ impl GeneralTile {
 }
 
 /// The largest head dim (of Q/K and of V) the Hopper kernel handles.
-pub(crate) const WGMMA_MAX_HEAD_DIM: usize = 128;
+pub(crate) const WGMMA_MAX_HEAD_DIM: usize = 256;
 
 /// A tile shape of the Hopper kernel (`kernels/flash_fwd_wgmma.cu`): one producer warpgroup loads
 /// Q and a ring of K/V blocks by TMA, `nwg` consumer warpgroups own 64 query rows each.
@@ -127,22 +130,23 @@ impl WgmmaTile {
     }
 }
 
-/// The Hopper tile for padded head dims `dqk`, `dv` (64 or 128); the choices are listed in the
-/// module docs.
+/// The Hopper tile for padded head dims `dqk`, `dv` (multiples of 64 up to 256); the choices are
+/// listed in the module docs.
 pub(crate) fn wgmma_tile(dqk: usize, dv: usize, hints: Hints) -> WgmmaTile {
-    let tile = |nwg: usize, bc, stages, pingpong| WgmmaTile {
+    let tile = |nwg: usize, bc| WgmmaTile {
         dqk,
         dv,
         br: 64 * nwg,
         bc,
         nwg,
-        stages,
-        pingpong,
+        stages: 2,
+        pingpong: false,
     };
-    match (dv, hints.score_mods) {
-        (..=64, _) => tile(2, 128, 2, false),
-        (_, false) => tile(2, 128, 2, false),
-        (_, true) => tile(2, 64, 2, false),
+    match (dqk.max(dv), hints.score_mods) {
+        (..=64, false) if !hints.mask => tile(3, 128),
+        (..=64, _) | (..=128, false) => tile(2, 128),
+        (..=192, _) | (_, false) => tile(2, 64),
+        (_, true) => tile(2, 32),
     }
 }
 
@@ -163,12 +167,15 @@ fn round_up(x: usize, m: usize) -> usize {
 pub(crate) struct Hints {
     /// Softcap, ALiBi, bias or a non-positive scale is compiled in (more registers).
     pub score_mods: bool,
+    /// A window (causal included) is compiled in (the Hopper table only).
+    pub mask: bool,
 }
 
 impl Hints {
     fn of(p: &Problem) -> Self {
         Hints {
             score_mods: p.has_score_mods() || p.scale <= 0.0,
+            mask: !p.window.is_full(),
         }
     }
 }
@@ -215,7 +222,10 @@ pub(crate) fn all_mma_tiles(dqk: usize, dv: usize) -> Vec<(MmaTile, Hints)> {
     let mut out: Vec<(MmaTile, Hints)> = Vec::new();
     for score_mods in [false, true] {
         for max_shared in [227 * 1024, 99 * 1024] {
-            let h = Hints { score_mods };
+            let h = Hints {
+                score_mods,
+                mask: false,
+            };
             let t = mma_tile(dqk, dv, h, max_shared);
             if !out
                 .iter()
@@ -254,7 +264,7 @@ pub(crate) struct Alignment {
     pub addresses: [u64; 4],
 }
 
-/// Whether the Hopper kernel may run `p`: f16/bf16 head dims that are multiples of 8 up to 128,
+/// Whether the Hopper kernel may run `p`: f16/bf16 head dims that are multiples of 8 up to 256,
 /// a padded batch, q, k, v that TMA can load, an output of 16-byte-aligned rows, fewer than 2^31
 /// query tiles (the kernel numbers them in 32 bits), and its tile's shared memory within
 /// `max_shared`.
@@ -338,15 +348,16 @@ mod tests {
 
     #[test]
     fn wgmma_tiles_fit_hopper() {
-        for dqk in [64, 128] {
-            for dv in [64, 128] {
-                for score_mods in [false, true] {
-                    let t = wgmma_tile(dqk, dv, Hints { score_mods });
+        for dqk in (64..=256).step_by(64) {
+            for dv in (64..=256).step_by(64) {
+                for (score_mods, mask) in [(false, false), (false, true), (true, true)] {
+                    let t = wgmma_tile(dqk, dv, Hints { score_mods, mask });
                     assert!(t.shared_bytes() <= 227 * 1024, "{t:?}");
                     assert_eq!(t.br, 64 * t.nwg);
                     assert!(!t.pingpong || t.nwg == 2, "{t:?}: ping-pong takes two");
+                    // A wgmma N of 8..=256 in steps of 8; P.V takes k16 steps.
                     assert!(
-                        t.bc.is_multiple_of(64) && t.bc <= 256 && t.br <= 256,
+                        t.bc.is_multiple_of(16) && t.bc <= 256 && t.br <= 256,
                         "{t:?}"
                     );
                 }
@@ -389,14 +400,16 @@ mod tests {
     }
 
     #[test]
-    fn hopper_takes_half_head_dims_up_to_128() {
+    fn hopper_takes_half_head_dims_up_to_256() {
         let params = AttentionParams::default().causal().softcap(20.0);
         for (dtype, d, dv, want) in [
             (DType::BF16, 128, 64, Some((128, 64))),
             (DType::F16, 64, 128, Some((64, 128))),
             (DType::BF16, 80, 80, Some((128, 128))),
             (DType::F16, 8, 8, Some((64, 64))),
-            (DType::BF16, 136, 64, None),
+            (DType::BF16, 136, 64, Some((192, 64))),
+            (DType::F16, 256, 200, Some((256, 256))),
+            (DType::BF16, 264, 64, None),
             (DType::BF16, 36, 36, None),
             (DType::F32, 64, 64, None),
         ] {
@@ -404,7 +417,10 @@ mod tests {
             let got = pick(&p, true);
             match want {
                 Some((dqk, dv)) => {
-                    let hints = Hints { score_mods: true };
+                    let hints = Hints {
+                        score_mods: true,
+                        mask: true,
+                    };
                     assert_eq!(got, Path::Wgmma(wgmma_tile(dqk, dv, hints)), "{dtype} {d}");
                 }
                 None => assert!(!matches!(got, Path::Wgmma(_)), "{dtype} {d}: {got:?}"),
