@@ -11,8 +11,9 @@
 // barriers), so one's softmax runs under the other's matrix products.
 //
 // Defines: ELEM_BF16 or ELEM_F16; DQK, DV (head dims padded to a multiple of 64; DV in {64, 128,
-// 256}); BC in {64, 128}; NWG in {2, 3} and BR = 64 NWG; STAGES >= 2; PINGPONG (0/1, NWG = 2);
-// RESCALE_SLACK; SECTION_MB (tile_info's L2 section); the option flags of mask.cuh and NONPOS_SCALE.
+// 192, 256}); BC, keys a block (32, 64 or 128); NWG in {2, 3} and BR = 64 NWG; STAGES >= 2;
+// PINGPONG (0/1, NWG = 2); RESCALE_SLACK; SECTION_MB (tile_info's L2 section, default 8); the
+// option flags of mask.cuh and NONPOS_SCALE.
 // Parameters: FlashParams, the tensor maps of Q, K, V (rank 4: head dim, rows, heads, batch;
 // boxes of 64 x BR for Q, 64 x BC for K and V), and `sched`, two ints that are 0 before the first
 // launch (each launch leaves them 0) and that no launch running at the same time shares.
@@ -21,12 +22,6 @@
 
 #ifndef SECTION_MB
 #define SECTION_MB 8
-#endif
-#ifndef Q_OPAQUE
-#define Q_OPAQUE 1
-#endif
-#ifndef SCHED_STATIC
-#define SCHED_STATIC 0
 #endif
 #define SCORE_MODS (HAS_SOFTCAP || HAS_ALIBI || HAS_BIAS || NONPOS_SCALE)
 #if BR != 64 * NWG
@@ -224,11 +219,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         for (int tile = blockIdx.x;;) {
             int i0 = 0, nb_first = 0, nb_end = 0;
             const SeqInfo s = tile_info(p, tile < n_tiles ? tile : 0, BR, SECTION_MB, &i0);
-#if SCHED_STATIC
-            const int next = tile < n_tiles ? tile + (int)gridDim.x : tile;
-#else
             const int next = tile < n_tiles ? (int)gridDim.x + atomicAdd(sched, 1) : tile;
-#endif
             if (tile < n_tiles && i0 >= s.nq) {  // varlen: past this sequence's end
                 tile = next;
                 continue;
@@ -286,11 +277,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     // Tile addresses are made opaque so that their descriptors are built when used, one add a k
     // step, rather than kept for every k step and slot across the loop (tens of registers).
     auto issue_s = [&](int st) {
-#if Q_OPAQUE
         const u64 q = desc_sw128(opaque(sQw)), k = desc_sw128(opaque(sK + st * K_BYTES));
-#else
-        const u64 q = desc_sw128(sQw), k = desc_sw128(opaque(sK + st * K_BYTES));
-#endif
 #pragma unroll
         for (int ks = 0; ks < DQK / 16; ++ks)
             wgmma_ss<BC>(sc, desc_advance(q, sw128_k_offset(ks, BR)), desc_advance(k, sw128_k_offset(ks, BC)),

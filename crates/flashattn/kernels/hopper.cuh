@@ -112,9 +112,6 @@ __device__ __forceinline__ int wgmma_acc_col(int i, int lane) { return 8 * (i >>
     "," WG_U(t, 7) "," WG_U(t, 8) "," WG_U(t, 9)
 #define WG_REGS_16 WG_T() "," WG_U(1, 0) "," WG_U(1, 1) "," WG_U(1, 2) "," WG_U(1, 3) "," WG_U(1, 4) "," WG_U(1, 5)
 #define WG_REGS_32 WG_T() "," WG_T(1) "," WG_T(2) "," WG_U(3, 0) "," WG_U(3, 1)
-#define WG_REGS_88 WG_T() "," WG_T(1) "," WG_T(2) "," WG_T(3) "," WG_T(4) "," WG_T(5) "," WG_T(6) \
-    "," WG_T(7) "," WG_U(8, 0) "," WG_U(8, 1) "," WG_U(8, 2) "," WG_U(8, 3) "," WG_U(8, 4) "," WG_U(8, 5) \
-    "," WG_U(8, 6) "," WG_U(8, 7)
 #define WG_REGS_96 WG_T() "," WG_T(1) "," WG_T(2) "," WG_T(3) "," WG_T(4) "," WG_T(5) "," WG_T(6) \
     "," WG_T(7) "," WG_T(8) "," WG_U(9, 0) "," WG_U(9, 1) "," WG_U(9, 2) "," WG_U(9, 3) "," WG_U(9, 4) \
     "," WG_U(9, 5)
@@ -129,7 +126,6 @@ __device__ __forceinline__ int wgmma_acc_col(int i, int lane) { return 8 * (i >>
 #define WG_F32(i) WG_F8(i), WG_F8(i + 8), WG_F8(i + 16), WG_F8(i + 24)
 #define WG_OPS_16 WG_F8(0), WG_F8(8)
 #define WG_OPS_32 WG_F32(0)
-#define WG_OPS_88 WG_F32(0), WG_F32(32), WG_F8(64), WG_F8(72), WG_F8(80)
 #define WG_OPS_96 WG_F32(0), WG_F32(32), WG_F32(64)
 #define WG_OPS_64 WG_F32(0), WG_F32(32)
 #define WG_OPS_128 WG_F32(0), WG_F32(32), WG_F32(64), WG_F32(96)
@@ -169,7 +165,6 @@ struct Wgmma;
 WGMMA_DEFINE(32, WG_REGS_16, WG_OPS_16, 16, 17, 18, 19, 20, 21, 22)
 WGMMA_DEFINE(64, WG_REGS_32, WG_OPS_32, 32, 33, 34, 35, 36, 37, 38)
 WGMMA_DEFINE(128, WG_REGS_64, WG_OPS_64, 64, 65, 66, 67, 68, 69, 70)
-WGMMA_DEFINE(176, WG_REGS_88, WG_OPS_88, 88, 89, 90, 91, 92, 93, 94)
 WGMMA_DEFINE(192, WG_REGS_96, WG_OPS_96, 96, 97, 98, 99, 100, 101, 102)
 WGMMA_DEFINE(256, WG_REGS_128, WG_OPS_128, 128, 129, 130, 131, 132, 133, 134)
 
