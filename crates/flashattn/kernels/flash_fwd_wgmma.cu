@@ -290,7 +290,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<DV, 1>(o, pf[kk], desc_advance(v, sw128_mn_k_offset(kk)), 1);
         wgmma_commit();
     };
+    // One arrival a warp, after __syncwarp so that every lane's reads (of tile_slot) precede it.
     auto release = [&](u32 bar) {
+        __syncwarp();
         if (lane == 0) mbarrier_arrive(bar);
     };
 #if PINGPONG
