@@ -126,7 +126,10 @@ def sass_problems(cubin):
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        run = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True)
+    if run.returncode != 0:
+        return [f"cuobjdump failed: {run.stderr.strip()}"]
+    sass = run.stdout
     problems = [] if "HGMMA" in sass else ["no HGMMA"]
     local = len(re.findall(r"\b(LDL|STL)\b", sass))
     return problems + ([f"{local} local-memory instructions"] if local else [])
