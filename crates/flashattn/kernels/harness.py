@@ -2,7 +2,7 @@
 reference, then times it beside PyTorch SDPA. Needs only torch and the CUDA driver + NVRTC (ctypes),
 so kernel variants can be tried on the device before the Rust side runs them.
 
-    python3 kernels/harness.py compile [--arch sm_90a]        # every listed variant compiles
+    python3 kernels/harness.py compile [--arch sm_90a] [--kernels wgmma]   # every listed variant compiles
     python3 kernels/harness.py check                           # correctness of each variant (GPU)
     python3 kernels/harness.py bench [--variants a,b] [--dims 64,128]   # TFLOP/s, bf16, the issue's shapes
 
@@ -138,11 +138,11 @@ def cmd_compile(args):
     """Compiles every variant; exits 1 if a wgmma variant serializes its wgmma or spills, or (with
     cuobjdump on PATH) if its SASS has no HGMMA or touches local memory."""
     bad_count = 0
-    for name, d in VARIANTS.items():
+    for name, d in (VARIANTS.items() if args.kernels in ("all", "mma") else []):
         for opt in [options(), options(1, 1, 1, 1, 1)]:
             _, log, dt = compile_cubin(source("mma", {**d, **opt}), args.arch)
             print(f"{name} opts={sum(opt.values())}: {dt:.2f}s {log.strip()[:200]}")
-    for name, d in WGMMA.items():
+    for name, d in (WGMMA.items() if args.kernels in ("all", "wgmma") else []):
         for dt_ in ["bf16", "f16"]:
             for opt in wgmma_option_sets(name):
                 dd = {k: v for k, v in d.items() if not k.startswith("ELEM_")}
@@ -156,7 +156,7 @@ def cmd_compile(args):
                 note = "no cuobjdump" if sass is None else "SASS ok" if not sass else f"SASS: {', '.join(sass)}"
                 print(f"{name} {dt_} opts={sum(opt.values())}: {dt:.2f}s {used} {note} {'BAD: ' + log if bad else 'ok'}")
                 bad_count += bool(bad)
-    for dt_ in ["f32", "f16"]:
+    for dt_ in (["f32", "f16"] if args.kernels in ("all", "general") else []):
         for dmax in [64, 512]:
             d = {f"ELEM_{dt_.upper()}": 1, "DQK_MAX": dmax, "DV_MAX": dmax, "BCG": 32 if dmax <= 256 else 16}
             _, log, t = compile_cubin(source("general", {**d, **options(1, 1, 1, 1, 1)}), args.arch)
@@ -170,6 +170,8 @@ if __name__ == "__main__":
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--variants", default="")
     ap.add_argument("--dims", default="64,128", help="head dims for bench")
+    ap.add_argument("--kernels", default="all", choices=["all", "mma", "wgmma", "general"],
+                    help="which kernel's variants compile builds")
     args = ap.parse_args()
     if args.cmd == "compile":
         cmd_compile(args)
