@@ -537,10 +537,7 @@ mod tests {
         for dtype in [DType::F16, DType::BF16] {
             for d in (32..=256).step_by(32) {
                 for (score_mods, mask) in [(false, false), (false, true), (true, true)] {
-                    let hints = Hints {
-                        score_mods,
-                        mask,
-                    };
+                    let hints = Hints { score_mods, mask };
                     let opts = if score_mods {
                         Options::ALL
                     } else {
