@@ -8,13 +8,17 @@ from torch import Tensor
 
 from . import _native
 
-CUDA_UNSUPPORTED = "CUDA tensors are not supported by the Python package yet (only CPU tensors are)"
+
+def expect_cpu(name: str, t: Optional[Tensor]) -> None:
+    """Raises a ``ValueError`` unless ``t`` is None or on the CPU, the one device served yet."""
+    if t is not None and t.device.type != "cpu":
+        why = "CUDA tensors are not supported by the Python package yet" if t.device.type == "cuda" else ""
+        raise ValueError(f"`{name}` is on {t.device}: {why or 'only CPU tensors are supported'}")
 
 
 def _desc(name: str, t: Tensor):
     """The native module's description of ``t``: its memory, used where it lies."""
-    if t.device.type != "cpu":
-        raise ValueError(f"`{name}` is on {t.device}: {CUDA_UNSUPPORTED}")
+    expect_cpu(name, t)
     dtype = str(t.dtype).removeprefix("torch.")
     return (t.data_ptr(), dtype, list(t.shape), list(t.stride()), t.device.type, t)
 

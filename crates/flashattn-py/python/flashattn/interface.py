@@ -19,8 +19,7 @@ def _check(dropout_p: float, *tensors) -> None:
     if dropout_p > 0.0:
         raise ValueError(f"invalid argument `dropout_p`: expected 0.0 (dropout is not implemented yet), got {dropout_p}")
     for name, t in tensors:
-        if t is not None and t.device.type != "cpu":
-            raise ValueError(f"`{name}` is on {t.device}: {_ops.CUDA_UNSUPPORTED}")
+        _ops.expect_cpu(name, t)
 
 
 def _torch(x):
