@@ -151,7 +151,7 @@ impl Tensor {
             return Err(Error::arg("len", "at most 2^60 elements", len));
         }
         let align = dtype.size_in_bytes();
-        if len > 0 && (ptr.is_null() || ptr as usize % align != 0) {
+        if len > 0 && (ptr.is_null() || !ptr.addr().is_multiple_of(align)) {
             return Err(Error::arg(
                 "ptr",
                 format!("a non-null pointer aligned to {align} bytes ({dtype})"),
