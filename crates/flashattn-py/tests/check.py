@@ -53,7 +53,12 @@ def compare(q, k, v, dtype=torch.float32, bias=None, **opts):
     checks.append(("lse", lse[finite], exact[1][finite], plain32[1][finite], torch.float32))
     for name, t, e, p in zip(("dq", "dk", "dv", "dbias"), mine, exact[2], plain[2]):
         checks.append((name, t.grad, e, p, dtype if name != "dbias" else bias.dtype))
-    for name, got, want, plain_, dt in checks:
-        assert got.shape == want.shape, name
-        err, tol = max_err(got, want), tolerance(plain_, want, dt, terms[name])
-        assert err <= tol, f"{name}: error {err:.3g} > tolerance {tol:.3g}"
+    assert_close([c + (terms[c[0]],) for c in checks])
+
+
+def assert_close(checks, where=""):
+    """Each check is (name, result, float64 oracle, plain implementation, dtype, terms)."""
+    for name, got, want, plain, dtype, terms in checks:
+        assert got.shape == want.shape, f"{where}{name}"
+        err, tol = max_err(got, want), tolerance(plain, want, dtype, terms)
+        assert err <= tol, f"{where}{name}: error {err:.3g} > tolerance {tol:.3g}"
