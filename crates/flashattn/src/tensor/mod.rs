@@ -118,8 +118,8 @@ impl Tensor {
     /// where it lies: `len` elements of `dtype` at `ptr`, viewed with `shape`, `strides` (in
     /// elements) and `offset` as [`Tensor::from_vec_strided`] checks them. `keep` is held until
     /// the last tensor over the memory is dropped (pass the owner, or `Box::new(())` when the
-    /// memory outlives the tensor anyway). A clone of the tensor shares the memory; a copy of its
-    /// buffer (a dtype conversion, say) is flashattn's own.
+    /// memory outlives the tensor anyway). Clones and views share the memory read-only (only a
+    /// tensor no other shares receives outputs); a copy (a dtype conversion, say) is flashattn's.
     ///
     /// # Safety
     /// Unless `len` is 0, `ptr` points to `len` initialized elements of `dtype` that stay valid
