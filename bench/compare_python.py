@@ -9,7 +9,8 @@ the backward) and forward+backward; torch's SDPA the same three ways on the [B, 
 the same memory (the CPU backend torch picks); and `flashattn bench --pass both --json` on the same
 shape, whose forward and backward times are what the binding should keep (the issue asks for
 within 3% at N >= 1024). Last, the per-call overhead at B=1, H=8, N=128, D=64: the Python forward
-minus the CLI's forward, both fastest of --overhead-repeats calls.
+minus the CLI's forward, both fastest of --overhead-repeats calls, and the time of a call with
+next to no work (B=H=N=1, D=8) beside SDPA's.
 
     cargo build --release && pip install ./crates/flashattn-py
     python bench/compare_python.py --seqlens 1024,2048
@@ -91,6 +92,11 @@ def main():
     cli_ms = cli_times(args.flashattn, 128, False, args.overhead_repeats, args.threads)["forward"]
     print(f"per-call overhead at B=1 H=8 N=128 D=64 (forward, fastest of {args.overhead_repeats}): python "
           f"{py_ms * 1e3:.1f} us, CLI {cli_ms * 1e3:.1f} us, overhead {(py_ms - cli_ms) * 1e3:.1f} us")
+    q = torch.randn(1, 1, 1, 8)
+    with torch.no_grad():
+        tiny_ms = fastest(lambda: flash_attn_func(q, q, q), args.overhead_repeats)
+        sdpa_ms = fastest(lambda: F.scaled_dot_product_attention(q, q, q), args.overhead_repeats)
+    print(f"a call with next to no work (B=H=N=1, D=8): python {tiny_ms * 1e3:.1f} us, SDPA {sdpa_ms * 1e3:.1f} us")
 
 
 if __name__ == "__main__":

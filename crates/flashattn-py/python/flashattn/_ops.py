@@ -8,6 +8,9 @@ from torch import Tensor
 
 from . import _native
 
+# The dtype names the native module knows; others reach it by their torch names, to be refused.
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
 
 def expect_cpu(name: str, t: Optional[Tensor]) -> None:
     """Raises a ``ValueError`` unless ``t`` is None or on the CPU, the one device served yet."""
@@ -19,8 +22,8 @@ def expect_cpu(name: str, t: Optional[Tensor]) -> None:
 def _desc(name: str, t: Tensor):
     """The native module's description of ``t``: its memory, used where it lies."""
     expect_cpu(name, t)
-    dtype = str(t.dtype).removeprefix("torch.")
-    return (t.data_ptr(), dtype, list(t.shape), list(t.stride()), t.device.type, t)
+    dtype = _DTYPE_NAMES.get(t.dtype) or str(t.dtype).removeprefix("torch.")
+    return (t.data_ptr(), dtype, t.shape, t.stride(), "cpu", t)
 
 
 def _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap):
