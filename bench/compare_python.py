@@ -13,11 +13,12 @@ minus the CLI's forward, both fastest of --overhead-repeats calls, and the time 
 next to no work (B=H=N=1, D=8) beside SDPA's.
 
     cargo build --release && pip install ./crates/flashattn-py
-    python bench/compare_python.py --seqlens 1024,2048
+    python bench/compare_python.py --seqlens 1024,2048 --rounds 3
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import tempfile
 import time
@@ -71,21 +72,36 @@ def main():
     p.add_argument("--flashattn", default="target/release/flashattn", help="the release CLI")
     p.add_argument("--seqlens", default="1024,2048")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every shape this many times, Python and CLI in alternating order; report medians")
     p.add_argument("--overhead-repeats", type=int, default=200)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"CPU, f32, B=1 H=8 D=64, {args.threads} threads; ms, fastest of {args.repeats}")
-    print(f"{'N':>6} {'mask':>6} {'pass':>8} {'python':>9} {'CLI':>9} {'py/CLI':>7} {'SDPA':>9} {'SDPA/py':>8}")
-    for n in map(int, args.seqlens.split(",")):
-        for causal in (False, True):
-            py = python_times(n, causal, args.repeats)
-            cli = cli_times(args.flashattn, n, causal, args.repeats, args.threads)
+    shapes = [(n, causal) for n in map(int, args.seqlens.split(",")) for causal in (False, True)]
+    samples = {shape: [] for shape in shapes}
+    for r in range(args.rounds):
+        for n, causal in shapes:
+            run_py = lambda: python_times(n, causal, args.repeats)
+            run_cli = lambda: cli_times(args.flashattn, n, causal, args.repeats, args.threads)
+            if r % 2:
+                cli, py = run_cli(), run_py()
+            else:
+                py, cli = run_py(), run_cli()
             cli["fwd+bwd"] = cli["forward"] + cli["backward"]
-            for ps in ("forward", "backward", "fwd+bwd"):
-                mine, sd = py["flashattn", ps], py["sdpa", ps]
-                print(f"{n:>6} {'causal' if causal else 'full':>6} {ps:>8} {mine:>9.2f} {cli[ps]:>9.2f} "
-                      f"{mine / cli[ps]:>7.3f} {sd:>9.2f} {sd / mine:>8.2f}")
+            samples[n, causal].append((py, cli))
+    print(f"CPU, f32, B=1 H=8 D=64, {args.threads} threads; ms, fastest of {args.repeats} calls, "
+          f"median of {args.rounds} rounds (py/CLI: median of the rounds' ratios)")
+    print(f"{'N':>6} {'mask':>6} {'pass':>8} {'python':>9} {'CLI':>9} {'py/CLI':>7} {'SDPA':>9} {'SDPA/py':>8}")
+    med = statistics.median
+    for (n, causal), rounds in samples.items():
+        for ps in ("forward", "backward", "fwd+bwd"):
+            mine = med(py["flashattn", ps] for py, _ in rounds)
+            sd = med(py["sdpa", ps] for py, _ in rounds)
+            ratio = med(py["flashattn", ps] / cli[ps] for py, cli in rounds)
+            cli_ms = med(cli[ps] for _, cli in rounds)
+            print(f"{n:>6} {'causal' if causal else 'full':>6} {ps:>8} {mine:>9.2f} {cli_ms:>9.2f} "
+                  f"{ratio:>7.3f} {sd:>9.2f} {sd / mine:>8.2f}")
     q, k, v = (torch.randn(1, 128, 8, 64) for _ in range(3))
     with torch.no_grad():
         py_ms = fastest(lambda: flash_attn_func(q, k, v), args.overhead_repeats)
