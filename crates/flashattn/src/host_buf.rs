@@ -1,5 +1,5 @@
-//! The host buffers behind tensors: a caller's `Vec`, used where it lies, or a buffer flashattn
-//! allocates itself ([`Tensor::full`](crate::Tensor::full),
+//! The host buffers behind tensors: a caller's `Vec` or foreign memory (another library's tensor,
+//! kept alive by its owner), used where they lie, or a buffer flashattn allocates itself ([`Tensor::full`](crate::Tensor::full),
 //! [`Tensor::from_slice`](crate::Tensor::from_slice), conversions, the outputs of `forward` and
 //! `backward`). Those start on a 64-byte cache line; from 2 MiB on they start on a 2 MiB
 //! boundary and, on Linux, their whole 2 MiB stretches are advised as transparent huge pages
@@ -11,8 +11,10 @@
 //! nested page walk); the backward runs about 1% faster on huge pages, and about 1.5% faster
 //! from buffers that start on a line than from the allocator's (see BENCHMARKS.md).
 
+use std::any::Any;
 use std::mem::MaybeUninit;
 use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use aligned_vec::{AVec, RuntimeAlign};
@@ -67,6 +69,47 @@ pub(crate) enum HostBuf<T> {
     Taken(Vec<T>),
     /// A buffer flashattn allocated (see the module doc).
     Own(AVec<T, RuntimeAlign>),
+    /// Memory another owner holds, used where it lies.
+    Foreign(Foreign<T>),
+}
+
+/// `len` elements at `ptr` that `keep` holds alive: dropping the buffer drops `keep`.
+pub(crate) struct Foreign<T> {
+    ptr: NonNull<T>,
+    len: usize,
+    _keep: Box<dyn Any + Send + Sync>,
+}
+
+impl<T> Foreign<T> {
+    /// The `len` elements at `ptr` (ignored when `len` is 0), alive as long as `keep` is.
+    ///
+    /// # Safety
+    /// Unless `len` is 0, `ptr` is non-null, aligned for `T` and points to `len` initialized
+    /// elements that stay valid while `keep` lives, and that nothing else writes while the buffer
+    /// lives (nor reads while the buffer is written through `DerefMut`).
+    pub(crate) unsafe fn new(ptr: *mut T, len: usize, keep: Box<dyn Any + Send + Sync>) -> Self {
+        let ptr = match NonNull::new(ptr) {
+            Some(p) if len > 0 => p,
+            _ => NonNull::dangling(),
+        };
+        Foreign {
+            ptr,
+            len,
+            _keep: keep,
+        }
+    }
+}
+
+// SAFETY: the buffer is used like an owned `[T]` (shared reads through `&`, writes only through
+// `&mut`); the owner `keep` is itself `Send + Sync`.
+unsafe impl<T: Send> Send for Foreign<T> {}
+// SAFETY: as above; `&Foreign` only hands out `&[T]`.
+unsafe impl<T: Sync> Sync for Foreign<T> {}
+
+impl<T> std::fmt::Debug for Foreign<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Foreign({:p}, {} elements)", self.ptr, self.len)
+    }
 }
 
 impl<T: Copy + Send + Sync> HostBuf<T> {
@@ -110,6 +153,9 @@ impl<T> Deref for HostBuf<T> {
         match self {
             HostBuf::Taken(v) => v,
             HostBuf::Own(v) => v,
+            // SAFETY: `Foreign::new`'s contract: `len` valid elements (or a dangling, aligned
+            // pointer for none), not written elsewhere while `self` is borrowed.
+            HostBuf::Foreign(f) => unsafe { std::slice::from_raw_parts(f.ptr.as_ptr(), f.len) },
         }
     }
 }
@@ -119,12 +165,16 @@ impl<T> DerefMut for HostBuf<T> {
         match self {
             HostBuf::Taken(v) => v,
             HostBuf::Own(v) => v,
+            // SAFETY: as in `deref`; the contract also forbids other reads while it is written,
+            // and `&mut self` excludes every other borrow of this buffer.
+            HostBuf::Foreign(f) => unsafe { std::slice::from_raw_parts_mut(f.ptr.as_ptr(), f.len) },
         }
     }
 }
 
 impl<T: Copy + Send + Sync> Clone for HostBuf<T> {
-    /// A copy in a buffer of flashattn's own, whichever the original was.
+    /// A copy in a buffer of flashattn's own, whichever the original was: a clone of foreign
+    /// memory never aliases it.
     fn clone(&self) -> Self {
         HostBuf::copied(self)
     }
@@ -234,5 +284,29 @@ mod tests {
         assert_eq!(t.as_ptr(), at);
         let c = t.clone();
         assert!(matches!(c, HostBuf::Own(_)) && c[..] == t[..]);
+    }
+
+    /// Foreign memory is read and written where it lies, its owner dropped with the buffer; a
+    /// clone is a copy that writes do not reach.
+    #[test]
+    fn foreign_memory_stays_with_its_owner() {
+        use std::sync::Arc;
+        let mut mem = vec![1.0f32, 2.0, 3.0];
+        let owner = Arc::new(());
+        // SAFETY: `mem` outlives the buffer and is touched only through it meanwhile.
+        let mut f =
+            HostBuf::Foreign(unsafe { Foreign::new(mem.as_mut_ptr(), 3, Box::new(owner.clone())) });
+        assert_eq!((f.as_ptr(), &f[..]), (mem.as_ptr(), &[1.0, 2.0, 3.0][..]));
+        let c = f.clone();
+        f[1] = 7.0;
+        assert!(matches!(c, HostBuf::Own(_)) && c[..] == [1.0, 2.0, 3.0]);
+        assert_eq!(Arc::strong_count(&owner), 2);
+        drop(f);
+        assert_eq!((Arc::strong_count(&owner), mem[1]), (1, 7.0));
+        // No elements: the pointer is not used, null or not.
+        // SAFETY: nothing is read through a buffer of no elements.
+        let empty =
+            HostBuf::Foreign(unsafe { Foreign::<f32>::new(std::ptr::null_mut(), 0, Box::new(())) });
+        assert!(empty.is_empty());
     }
 }

@@ -5,11 +5,14 @@
 mod copy;
 mod storage;
 
+use std::any::Any;
 use std::sync::Arc;
+
+use half::{bf16, f16};
 
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::host_buf::HostBuf;
+use crate::host_buf::{Foreign, HostBuf};
 
 pub(crate) use storage::{CpuStorage, DeviceStorage, HostElement, Storage};
 
@@ -109,6 +112,70 @@ impl Tensor {
         expect_len(data.len(), shape)?;
         let storage = CpuStorage::of(HostBuf::copied(data));
         Self::from_cpu_storage(storage, shape, &contiguous_strides(shape), 0, "data")
+    }
+
+    /// A tensor over host memory that another owner holds (a PyTorch or NumPy array's), used
+    /// where it lies: `len` elements of `dtype` at `ptr`, viewed with `shape`, `strides` (in
+    /// elements) and `offset` as [`Tensor::from_vec_strided`] checks them. `keep` is held until
+    /// the last tensor over the memory is dropped (pass the owner, or `Box::new(())` when the
+    /// memory outlives the tensor anyway). Clones and views share the memory read-only (only a
+    /// tensor no other shares receives outputs); a copy (a dtype conversion, say) is flashattn's.
+    ///
+    /// # Safety
+    /// Unless `len` is 0, `ptr` points to `len` initialized elements of `dtype` that stay valid
+    /// and that nothing outside flashattn writes while the tensor (or a clone or view of it)
+    /// lives. When the tensor receives an output ([`forward_into`](crate::forward_into),
+    /// [`backward_into`](crate::backward_into)), nothing else may read the memory during the call
+    /// either: no input of the same call may overlap it.
+    ///
+    /// ```
+    /// use flashattn::{DType, Tensor};
+    /// let mut mem = vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+    /// // SAFETY: `mem` outlives `t` and is not touched while `t` lives.
+    /// let t = unsafe {
+    ///     Tensor::from_host_raw(mem.as_mut_ptr().cast(), DType::F32, 6, &[3, 2], &[1, 3], 0, Box::new(()))
+    /// }?;
+    /// assert_eq!(t.to_vec::<f32>()?, vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+    /// # Ok::<(), flashattn::Error>(())
+    /// ```
+    pub unsafe fn from_host_raw(
+        ptr: *mut u8,
+        dtype: DType,
+        len: usize,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+        keep: Box<dyn Any + Send + Sync>,
+    ) -> Result<Self> {
+        if len > MAX_ELEMENTS {
+            return Err(Error::arg("len", "at most 2^60 elements", len));
+        }
+        let align = dtype.size_in_bytes();
+        if len > 0 && (ptr.is_null() || !ptr.addr().is_multiple_of(align)) {
+            return Err(Error::arg(
+                "ptr",
+                format!("a non-null pointer aligned to {align} bytes ({dtype})"),
+                format!("{ptr:p}"),
+            ));
+        }
+        // SAFETY: the caller's contract is `Foreign::new`'s; the pointer was checked non-null and
+        // aligned for the element type the dtype names.
+        let storage = unsafe {
+            match dtype {
+                DType::F32 => {
+                    CpuStorage::F32(HostBuf::Foreign(Foreign::new(ptr.cast::<f32>(), len, keep)))
+                }
+                DType::F16 => {
+                    CpuStorage::F16(HostBuf::Foreign(Foreign::new(ptr.cast::<f16>(), len, keep)))
+                }
+                DType::BF16 => CpuStorage::BF16(HostBuf::Foreign(Foreign::new(
+                    ptr.cast::<bf16>(),
+                    len,
+                    keep,
+                ))),
+            }
+        };
+        Self::from_cpu_storage(storage, shape, strides, offset, "len")
     }
 
     pub(crate) fn from_cpu_storage(
@@ -347,5 +414,103 @@ impl Tensor {
     /// The whole host buffer as `T`, when the tensor is on the host and of that type.
     pub(crate) fn cpu_slice<T: HostElement>(&self) -> Option<&[T]> {
         self.cpu_storage().and_then(T::slice)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AttentionParams, forward, forward_into};
+
+    /// A tensor over `mem` (which must outlive it and be left alone meanwhile).
+    fn over(mem: &mut [f32], shape: &[usize], strides: &[usize]) -> Result<Tensor> {
+        // SAFETY: every caller keeps `mem` alive and untouched while the tensor lives.
+        unsafe {
+            Tensor::from_host_raw(
+                mem.as_mut_ptr().cast(),
+                DType::F32,
+                mem.len(),
+                shape,
+                strides,
+                0,
+                Box::new(()),
+            )
+        }
+    }
+
+    /// Views that reach past the memory, null or misaligned pointers are argument errors.
+    #[test]
+    fn foreign_memory_is_checked_like_a_vector() {
+        let mut mem = vec![0.0f32; 8];
+        let arg = |r: Result<Tensor>| r.unwrap_err().argument();
+        assert_eq!(arg(over(&mut mem, &[3, 3], &[3, 1])), Some("len"));
+        assert_eq!(arg(over(&mut mem, &[2, 4], &[4])), Some("strides"));
+        assert!(over(&mut mem, &[2, 4], &[1, 2]).is_ok());
+        // SAFETY: the calls fail before the pointers could be used.
+        let (null, odd) = unsafe {
+            let p = mem.as_mut_ptr().cast::<u8>();
+            let keep = || Box::new(()) as Box<dyn Any + Send + Sync>;
+            (
+                Tensor::from_host_raw(std::ptr::null_mut(), DType::F32, 4, &[4], &[1], 0, keep()),
+                Tensor::from_host_raw(p.add(2), DType::F32, 4, &[4], &[1], 0, keep()),
+            )
+        };
+        assert_eq!((arg(null), arg(odd)), (Some("ptr"), Some("ptr")));
+        // SAFETY: no elements, so the null pointer is never used.
+        let empty = unsafe {
+            Tensor::from_host_raw(
+                std::ptr::null_mut(),
+                DType::F16,
+                0,
+                &[0, 3],
+                &[3, 1],
+                0,
+                Box::new(()),
+            )
+        };
+        assert_eq!(empty.unwrap().numel(), 0);
+    }
+
+    /// `forward_into` writes into foreign memory where it lies (the same values `forward`
+    /// returns); a clone shares it read-only, so it cannot receive an output, and a dtype
+    /// conversion is a copy; the owner lives as long as the last tensor over the memory.
+    #[test]
+    fn outputs_are_written_into_foreign_memory() {
+        let (b, n, h, d) = (2, 7, 3, 8);
+        let mut x: Vec<f32> = (0..b * n * h * d)
+            .map(|i| (i as f32 * 0.37).sin())
+            .collect();
+        let mut out_mem = vec![f32::NAN; b * n * h * d];
+        let mut lse_mem = vec![f32::NAN; b * h * n];
+        let q = over(&mut x, &[b, n, h, d], &contiguous_strides(&[b, n, h, d])).unwrap();
+        let p = AttentionParams::default().causal();
+        let owner = Arc::new(());
+        // SAFETY: `out_mem` outlives `out` and is read only after `out` is dropped.
+        let mut out = unsafe {
+            Tensor::from_host_raw(
+                out_mem.as_mut_ptr().cast(),
+                DType::F32,
+                out_mem.len(),
+                &[b, n, h, d],
+                &contiguous_strides(&[b, n, h, d]),
+                0,
+                Box::new(owner.clone()),
+            )
+        }
+        .unwrap();
+        let mut lse = over(&mut lse_mem, &[b, h, n], &contiguous_strides(&[b, h, n])).unwrap();
+        let shared = out.clone();
+        let err = forward_into(&q, &q, &q, &p, &mut out, &mut lse).unwrap_err();
+        assert_eq!(err.argument(), Some("out"));
+        let copy = shared.to_dtype(DType::BF16).unwrap();
+        drop(shared);
+        forward_into(&q, &q, &q, &p, &mut out, &mut lse).unwrap();
+        let want = forward(&q, &q, &q, &p).unwrap();
+        assert_eq!(Arc::strong_count(&owner), 2);
+        drop((out, lse, q));
+        assert_eq!(Arc::strong_count(&owner), 1);
+        assert_eq!(out_mem, want.out.to_vec::<f32>().unwrap());
+        assert_eq!(lse_mem, want.lse.to_vec::<f32>().unwrap());
+        assert!(copy.to_f64_vec().unwrap().iter().all(|v| v.is_nan()));
     }
 }

@@ -1,0 +1,132 @@
+"""The torch operators ``flashattn::fwd`` and ``flashattn::bwd``: the native CPU forward and
+backward, with fake (meta) implementations for ``torch.compile`` and autograd through ``bwd``."""
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _native
+
+# The dtype names the native module knows; others reach it by their torch names, to be refused.
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def expect_cpu(name: str, t: Optional[Tensor]) -> None:
+    """Raises a ``ValueError`` unless ``t`` is None or on the CPU, the one device served yet."""
+    if t is not None and t.device.type != "cpu":
+        why = "CUDA tensors are not supported by the Python package yet" if t.device.type == "cuda" else ""
+        raise ValueError(f"`{name}` is on {t.device}: {why or 'only CPU tensors are supported'}")
+
+
+def _desc(name: str, t: Tensor):
+    """The native module's description of ``t``: its memory, used where it lies."""
+    expect_cpu(name, t)
+    dtype = _DTYPE_NAMES.get(t.dtype) or str(t.dtype).removeprefix("torch.")
+    return (t.data_ptr(), dtype, t.shape, t.stride(), "cpu", t)
+
+
+def _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap):
+    """The native module's options tuple; negative window sides and a zero softcap mean none."""
+    window = (window_left if window_left >= 0 else None, window_right if window_right >= 0 else None)
+    varlen = None
+    if cu_seqlens_q is not None and cu_seqlens_k is not None:
+        varlen = (cu_seqlens_q.tolist(), cu_seqlens_k.tolist())
+    return (
+        scale,
+        window,
+        softcap if softcap != 0.0 else None,
+        None if alibi_slopes is None else _desc("alibi_slopes", alibi_slopes),
+        None if bias is None else _desc("bias", bias),
+        varlen,
+    )
+
+
+def _lse_shape(q: Tensor, varlen: bool) -> List[int]:
+    """FlashAttention-2's log-sum-exp shape: [batch, heads, seqlen_q], varlen [heads, total_q]."""
+    if varlen:
+        return [q.shape[1], q.shape[0]]
+    return [q.shape[0], q.shape[2], q.shape[1]]
+
+
+@torch.library.custom_op("flashattn::fwd", mutates_args=(), device_types="cpu")
+def fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Optional[Tensor],
+    alibi_slopes: Optional[Tensor],
+    cu_seqlens_q: Optional[Tensor],
+    cu_seqlens_k: Optional[Tensor],
+    scale: Optional[float],
+    window_left: int,
+    window_right: int,
+    softcap: float,
+) -> Tuple[Tensor, Tensor]:
+    """Attention output (contiguous, q's dtype, v's head dim) and log-sum-exp (f32)."""
+    out = q.new_empty(list(q.shape[:-1]) + [v.shape[-1]])
+    lse = q.new_empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
+    opts = _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap)
+    _native.forward((_desc("q", q), _desc("k", k), _desc("v", v)), (_desc("out", out), _desc("lse", lse)), opts)
+    return out, lse
+
+
+@fwd.register_fake
+def _fwd_fake(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap):
+    out = q.new_empty(list(q.shape[:-1]) + [v.shape[-1]])
+    lse = q.new_empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("flashattn::bwd", mutates_args=(), device_types="cpu")
+def bwd(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    bias: Optional[Tensor],
+    alibi_slopes: Optional[Tensor],
+    cu_seqlens_q: Optional[Tensor],
+    cu_seqlens_k: Optional[Tensor],
+    scale: Optional[float],
+    window_left: int,
+    window_right: int,
+    softcap: float,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv (contiguous, in their inputs' dtype) and dbias (f32, bias' shape; empty
+    without a bias)."""
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    dbias = q.new_empty(bias.shape if bias is not None else [0], dtype=torch.float32)
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    opts = _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap)
+    inputs = tuple(_desc(n, t) for n, t in zip(("q", "k", "v", "out", "lse", "dout"), (q, k, v, out, lse, dout)))
+    grads = (_desc("dq", dq), _desc("dk", dk), _desc("dv", dv), None if bias is None else _desc("dbias", dbias))
+    _native.backward(inputs, grads, opts)
+    return dq, dk, dv, dbias
+
+
+@bwd.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, wl, wr, softcap):
+    dbias = q.new_empty(bias.shape if bias is not None else [0], dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, wl, wr, softcap = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    ctx.options = (scale, wl, wr, softcap)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dq, dk, dv, dbias = bwd(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *ctx.options)
+    dbias = dbias.to(bias.dtype) if bias is not None else None
+    return dq, dk, dv, dbias, None, None, None, None, None, None, None
+
+
+fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,109 @@
+"""FlashAttention-2's Python API (``flash_attn_func``, ``flash_attn_varlen_func``) over the
+``flashattn::fwd`` operator: same arguments, defaults, layouts and return values, on the CPU."""
+
+from typing import Optional, Tuple
+
+import numpy as np
+import torch
+
+from . import _ops
+
+
+def _window(causal: bool, window_size: Tuple[int, int]) -> Tuple[int, int]:
+    """The window's (left, right), -1 unbounded; causal is right = 0, aligned bottom-right."""
+    left, right = window_size
+    return left, (0 if causal else right)
+
+
+def _check(dropout_p: float, *tensors) -> None:
+    if dropout_p > 0.0:
+        raise ValueError(f"invalid argument `dropout_p`: expected 0.0 (dropout is not implemented yet), got {dropout_p}")
+    for name, t in tensors:
+        _ops.expect_cpu(name, t)
+
+
+def _torch(x):
+    """``x`` as a torch tensor (numpy arrays without a copy) and whether it came from numpy."""
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(x), True
+    return x, False
+
+
+def _rows(t):
+    """``t`` with a contiguous last dimension, as the kernels read it (a copy only when not)."""
+    return t if t is None or t.stride(-1) == 1 else t.contiguous()
+
+
+def _finish(out, lse, numpy: bool, return_attn_probs: bool):
+    if numpy:
+        out, lse = out.detach().numpy(), lse.detach().numpy()
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    bias=None,
+):
+    """Exact attention of ``q`` ``[batch, seqlen_q, heads, head_dim]`` over ``k``, ``v``
+    ``[batch, seqlen_k, heads_k, head_dim]`` (``heads`` a multiple of ``heads_k``: MQA/GQA).
+
+    As FlashAttention-2's: ``causal`` is aligned bottom-right, ``window_size`` -1 is unbounded,
+    ``softcap`` 0 is none, ``alibi_slopes`` f32 ``[heads]`` or ``[batch, heads]``; with
+    ``return_attn_probs`` the result is ``(out, softmax_lse, None)``, ``softmax_lse`` f32
+    ``[batch, heads, seqlen_q]``. ``bias`` (keyword only) is an additive bias broadcastable to
+    ``[batch, heads, seqlen_q, seqlen_k]``, differentiable. ``deterministic`` is accepted and
+    needs nothing: the CPU backward is deterministic. numpy arrays in, numpy arrays out.
+    """
+    (q, numpy), (k, _), (v, _) = _torch(q), _torch(k), _torch(v)
+    bias, alibi_slopes = _torch(bias)[0], _torch(alibi_slopes)[0]
+    _check(dropout_p, ("q", q), ("k", k), ("v", v), ("bias", bias), ("alibi_slopes", alibi_slopes))
+    left, right = _window(causal, window_size)
+    out, lse = _ops.fwd(
+        _rows(q), _rows(k), _rows(v), bias, alibi_slopes, None, None, softmax_scale, left, right, float(softcap)
+    )
+    return _finish(out, lse, numpy, return_attn_probs)
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """Attention over packed variable-length sequences: ``q`` ``[total_q, heads, head_dim]``,
+    ``k``, ``v`` ``[total_k, heads_k, head_dim]``, sequence ``b`` the rows
+    ``cu_seqlens[b]:cu_seqlens[b + 1]`` (int32, ``batch + 1`` entries from 0). ``max_seqlen_q``
+    and ``max_seqlen_k`` are accepted as FlashAttention-2 takes them; the lengths come from the
+    ``cu_seqlens``. Otherwise as :func:`flash_attn_func`; ``softmax_lse`` is
+    ``[heads, total_q]``.
+    """
+    (q, numpy), (k, _), (v, _) = _torch(q), _torch(k), _torch(v)
+    cu_q, cu_k, alibi_slopes = _torch(cu_seqlens_q)[0], _torch(cu_seqlens_k)[0], _torch(alibi_slopes)[0]
+    _check(dropout_p, ("q", q), ("k", k), ("v", v), ("alibi_slopes", alibi_slopes))
+    left, right = _window(causal, window_size)
+    out, lse = _ops.fwd(
+        _rows(q), _rows(k), _rows(v), None, alibi_slopes, cu_q, cu_k, softmax_scale, left, right, float(softcap)
+    )
+    return _finish(out, lse, numpy, return_attn_probs)

@@ -1,0 +1,72 @@
+//! Tensors as the Python side describes them (data pointer, dtype name, shape, strides, device,
+//! owner), wrapped as flashattn tensors over the same memory.
+
+use flashattn::{DType, Tensor};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+/// What the Python side passes for a tensor: `(data_ptr, dtype, shape, strides, device, owner)`,
+/// `data_ptr` the address of the view's first element, `strides` in elements, `owner` the Python
+/// object holding the memory.
+pub(crate) type Desc = (usize, String, Vec<usize>, Vec<isize>, String, Py<PyAny>);
+
+/// The flashattn dtype of a torch dtype name (`float32`, `float16`, `bfloat16`).
+fn dtype_of(arg: &str, name: &str) -> PyResult<DType> {
+    match name {
+        "float32" => Ok(DType::F32),
+        "float16" => Ok(DType::F16),
+        "bfloat16" => Ok(DType::BF16),
+        _ => Err(PyTypeError::new_err(format!(
+            "invalid dtype for `{arg}`: expected float32, float16 or bfloat16, got {name}"
+        ))),
+    }
+}
+
+/// A flashattn tensor over the memory `desc` describes, keeping its owner alive.
+///
+/// # Safety
+/// `desc` describes a live CPU tensor whose elements are not written by anything else while the
+/// returned tensor lives, nor read by anything else while it receives an output.
+pub(crate) unsafe fn host_tensor(py: Python<'_>, arg: &str, desc: &Desc) -> PyResult<Tensor> {
+    let (ptr, dtype, shape, strides, device, owner) = desc;
+    if device != "cpu" {
+        return Err(PyValueError::new_err(format!(
+            "`{arg}` is on {device}: CUDA tensors are not supported by the Python package yet \
+             (only CPU tensors are)"
+        )));
+    }
+    let dtype = dtype_of(arg, dtype)?;
+    let strides: Vec<usize> = strides
+        .iter()
+        .map(|&s| usize::try_from(s))
+        .collect::<Result<_, _>>()
+        .map_err(|_| {
+            PyValueError::new_err(format!(
+                "invalid argument `{arg}`: expected non-negative strides, got {strides:?}"
+            ))
+        })?;
+    if shape.len() != strides.len() {
+        return Err(PyValueError::new_err(format!(
+            "invalid argument `{arg}`: {} strides for shape {shape:?}",
+            strides.len()
+        )));
+    }
+    // The elements from the first to the last one the view reaches.
+    let span = if shape.contains(&0) {
+        0
+    } else {
+        shape
+            .iter()
+            .zip(&strides)
+            .try_fold(1usize, |acc, (&d, &s)| {
+                (d - 1).checked_mul(s).and_then(|x| x.checked_add(acc))
+            })
+            .ok_or_else(|| {
+                PyValueError::new_err(format!("invalid argument `{arg}`: shape too large"))
+            })?
+    };
+    let keep = Box::new(owner.clone_ref(py));
+    // SAFETY: the caller's contract; `span` elements from `ptr` are the view's own memory.
+    unsafe { Tensor::from_host_raw(*ptr as *mut u8, dtype, span, shape, &strides, 0, keep) }
+        .map_err(|e| crate::py_error(e, arg))
+}

@@ -1,0 +1,115 @@
+"""numpy input, errors, torch.compile and opcheck."""
+
+import numpy as np
+import pytest
+import torch
+
+import flashattn._native as native
+from check import randn
+from flashattn import flash_attn_func, flash_attn_varlen_func
+
+
+def qkv(b=2, nq=7, nk=65, h=4, hk=2, d=40, dtype=torch.float32):
+    return randn(b, nq, h, d, dtype=dtype), randn(b, nk, hk, d, dtype=dtype), randn(b, nk, hk, d, dtype=dtype)
+
+
+def test_numpy_in_numpy_out():
+    q, k, v = qkv()
+    out, lse, _ = flash_attn_func(q.numpy(), k.numpy(), v.numpy(), causal=True, return_attn_probs=True)
+    want, want_lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert isinstance(out, np.ndarray) and isinstance(lse, np.ndarray)
+    assert np.array_equal(out, want.numpy()) and np.array_equal(lse, want_lse.numpy())
+    # A transposed numpy view, used where it lies.
+    qt = np.ascontiguousarray(q.numpy().transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    assert np.array_equal(flash_attn_func(qt, k.numpy(), v.numpy(), causal=True), want.numpy())
+
+
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        (lambda q, k, v: (q[0], k, v), ValueError, "`q`"),
+        (lambda q, k, v: (q, k.half(), v), TypeError, "dtype"),
+        (lambda q, k, v: (q.double(), k.double(), v.double()), TypeError, "float64"),
+        (lambda q, k, v: (q, k[..., :8], v), ValueError, "`k`"),
+        (lambda q, k, v: (q[:, :, :3], k, v), ValueError, "head"),
+    ],
+    ids=["rank", "mismatched_dtypes", "float64", "head_dim", "heads_not_a_multiple"],
+)
+def test_bad_arguments_raise_python_errors(change, error, match):
+    with pytest.raises(error, match=match):
+        flash_attn_func(*change(*qkv()))
+
+
+def test_bad_options_raise_python_errors():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="dropout_p"):
+        flash_attn_func(q, k, v, dropout_p=0.1)
+    with pytest.raises(ValueError, match="bias"):
+        flash_attn_func(q, k, v, bias=torch.zeros(2, 4, 7, 64))
+    with pytest.raises(TypeError, match="alibi"):
+        flash_attn_func(q, k, v, alibi_slopes=torch.ones(4, dtype=torch.float16))
+    with pytest.raises(ValueError, match="softcap"):
+        flash_attn_func(q, k, v, softcap=-1.0)
+
+
+def test_non_cpu_tensors_are_refused_with_a_clear_error():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="only CPU tensors"):
+        flash_attn_func(q.to("meta"), k, v)
+    # The native module checks the device itself, before any memory is touched.
+    cuda_q = (0, "float32", [2, 7, 4, 40], [1120, 160, 40, 1], "cuda:0", q)
+    desc = lambda t: (t.data_ptr(), "float32", list(t.shape), list(t.stride()), "cpu", t)
+    opts = (None, (None, None), None, None, None, None)
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 7)
+    with pytest.raises(ValueError, match="CUDA tensors are not supported by the Python package yet"):
+        native.forward((cuda_q, desc(k), desc(v)), (desc(out), desc(lse)), opts)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_tensors_are_refused_with_a_clear_error():
+    q, k, v = (t.cuda() for t in qkv())
+    with pytest.raises(ValueError, match="CUDA tensors are not supported by the Python package yet"):
+        flash_attn_func(q, k, v)
+
+
+def test_torch_compile_fullgraph_forward_and_backward():
+    q, k, v = (t.requires_grad_() for t in qkv())
+    bias = randn(1, 4, 1, 65).requires_grad_()
+
+    def f(q, k, v, bias):
+        return flash_attn_func(q, k, v, causal=True, softcap=3.0, bias=bias) * 2.0
+
+    compiled = torch.compile(f, fullgraph=True)
+    dout = randn(2, 7, 4, 40)
+    grads = []
+    for fn in (f, compiled):
+        out = fn(q, k, v, bias)
+        grads.append((out,) + torch.autograd.grad(out, (q, k, v, bias), dout))
+    for eager, comp in zip(*grads):
+        assert torch.equal(eager, comp)
+
+
+def test_torch_compile_fullgraph_varlen():
+    q, k = randn(12, 2, 8), randn(15, 2, 8)
+    cu_q, cu_k = torch.tensor([0, 5, 12], dtype=torch.int32), torch.tensor([0, 9, 15], dtype=torch.int32)
+
+    def f(q, k):
+        return flash_attn_varlen_func(q, k, k, cu_q, cu_k, 7, 9, causal=True)
+
+    assert torch.equal(torch.compile(f, fullgraph=True)(q, k), f(q, k))
+
+
+def test_opcheck():
+    q, k, v = (t.requires_grad_() for t in qkv())
+    bias = randn(2, 4, 7, 65).requires_grad_()
+    slopes = torch.rand(4)
+    fwd_args = (q, k, v, bias, slopes, None, None, 0.3, 20, -1, 5.0)
+    torch.library.opcheck(torch.ops.flashattn.fwd.default, fwd_args)
+    torch.library.opcheck(torch.ops.flashattn.fwd.default, (q, k, v, None, None, None, None, None, -1, 0, 0.0))
+    out, lse = torch.ops.flashattn.fwd(*fwd_args)
+    bwd_args = (randn(*out.shape), q.detach(), k.detach(), v.detach(), out.detach(), lse, bias.detach(), slopes,
+                None, None, 0.3, 20, -1, 5.0)
+    torch.library.opcheck(torch.ops.flashattn.bwd.default, bwd_args)
+    cu_q, cu_k = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 30, 65], dtype=torch.int32)
+    vq, vk = randn(7, 4, 40).requires_grad_(), randn(65, 2, 40).requires_grad_()
+    torch.library.opcheck(torch.ops.flashattn.fwd.default, (vq, vk, vk, None, None, cu_q, cu_k, None, -1, 0, 0.0))
