@@ -49,6 +49,19 @@ def _lse_shape(q: Tensor, varlen: bool) -> List[int]:
     return [q.shape[0], q.shape[2], q.shape[1]]
 
 
+def _fwd_outputs(q: Tensor, v: Tensor, varlen: bool) -> Tuple[Tensor, Tensor]:
+    """The forward's output (q's dtype, v's head dim) and log-sum-exp (f32), unwritten."""
+    out = q.new_empty(list(q.shape[:-1]) + [v.shape[-1]])
+    return out, q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
+
+
+def _bwd_outputs(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The backward's dq, dk, dv (their inputs' shapes and dtypes) and dbias (f32; empty without a
+    bias), unwritten."""
+    dbias = q.new_empty(bias.shape if bias is not None else [0], dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
+
+
 @torch.library.custom_op("flashattn::fwd", mutates_args=(), device_types="cpu")
 def fwd(
     q: Tensor,
@@ -64,8 +77,7 @@ def fwd(
     softcap: float,
 ) -> Tuple[Tensor, Tensor]:
     """Attention output (contiguous, q's dtype, v's head dim) and log-sum-exp (f32)."""
-    out = q.new_empty(list(q.shape[:-1]) + [v.shape[-1]])
-    lse = q.new_empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
+    out, lse = _fwd_outputs(q, v, cu_seqlens_q is not None)
     opts = _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap)
     _native.forward((_desc("q", q), _desc("k", k), _desc("v", v)), (_desc("out", out), _desc("lse", lse)), opts)
     return out, lse
@@ -73,9 +85,7 @@ def fwd(
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap):
-    out = q.new_empty(list(q.shape[:-1]) + [v.shape[-1]])
-    lse = q.new_empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
-    return out, lse
+    return _fwd_outputs(q, v, cu_seqlens_q is not None)
 
 
 @torch.library.custom_op("flashattn::bwd", mutates_args=(), device_types="cpu")
@@ -97,8 +107,7 @@ def bwd(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv (contiguous, in their inputs' dtype) and dbias (f32, bias' shape; empty
     without a bias)."""
-    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-    dbias = q.new_empty(bias.shape if bias is not None else [0], dtype=torch.float32)
+    dq, dk, dv, dbias = _bwd_outputs(q, k, v, bias)
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     opts = _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap)
@@ -110,8 +119,7 @@ def bwd(
 
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, wl, wr, softcap):
-    dbias = q.new_empty(bias.shape if bias is not None else [0], dtype=torch.float32)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
+    return _bwd_outputs(q, k, v, bias)
 
 
 def _setup_context(ctx, inputs, output):
