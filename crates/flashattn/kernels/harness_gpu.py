@@ -238,15 +238,16 @@ def cmd_bench(names, seqlens, dims, sdpa=True):
     return rows
 
 def cmd_prof(names, N, D, causal):
-    """One launch of each variant and of SDPA's FlashAttention-2 backend, for a profiler."""
+    """One launch of each variant and of SDPA's FlashAttention-2 and cuDNN backends, for a profiler."""
     from torch.nn.attention import sdpa_kernel, SDPBackend
     import torch.nn.functional as F
     B, Hh = 16384 // N, 2048 // D
     q, k, v = (torch.randn(B, N, Hh, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     for name in names:
         launch(*H.kernel_of(name), q, k, v, causal=causal)
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal)
+    for be in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+        with sdpa_kernel(be):
+            F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal)
     torch.cuda.synchronize()
 
 def main(args):
@@ -258,4 +259,4 @@ def main(args):
     elif args.cmd == "bench":
         cmd_bench(names, [512, 1024, 2048, 4096, 8192, 16384], [int(d) for d in args.dims.split(",")])
     elif args.cmd == "prof":
-        cmd_prof(names, 4096, 128, False)
+        cmd_prof(names, args.n, int(args.dims.split(",")[0]), args.causal)

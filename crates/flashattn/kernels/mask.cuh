@@ -10,20 +10,21 @@ __device__ __forceinline__ bool visible(const FlashParams& p, const SeqInfo& s, 
     return j < s.nk && -p.window_left <= d && d <= p.window_right;
 }
 
-// The key blocks that queries [i0, i1) see at all: [*first, *end) in units of `bc` keys.
+// The key blocks that queries [i0, i1) see at all: [*first, *end) in units of `bc` keys. In 32 bits:
+// i + diag lies in (-2^31, nk) for a row i of the sequence, and the window edges are at most 2^30,
+// so each edge is clamped to [0, nk] before it could overflow.
 __device__ __forceinline__ void key_blocks(const FlashParams& p, const SeqInfo& s, int i0, int i1,
                                            int bc, int* first, int* end) {
-    i64 lo = (i64)i0 + s.diag - p.window_left;
-    i64 hi = (i64)(i1 - 1) + s.diag + p.window_right + 1;
-    lo = lo < 0 ? 0 : lo;
-    hi = hi > s.nk ? s.nk : hi;
+    const int a = i0 + s.diag, b = i1 - 1 + s.diag;
+    const int lo = a > p.window_left ? a - p.window_left : 0;
+    const int hi = b < s.nk - 1 - p.window_right ? b + p.window_right + 1 : s.nk;
     if (i1 <= i0 || hi <= lo) {
         *first = 0;
         *end = 0;
         return;
     }
-    *first = (int)(lo / bc);
-    *end = (int)((hi + bc - 1) / bc);
+    *first = lo / bc;
+    *end = (hi + bc - 1) / bc;
 }
 
 // True when every query in [i0, i1) sees every key in [j0, j0 + bc): such a block needs no mask.
