@@ -3,7 +3,7 @@ reference, then times it beside PyTorch SDPA. Needs only torch and the CUDA driv
 so kernel variants can be tried on the device before the Rust side runs them.
 
     python3 kernels/harness.py compile [--arch sm_90a] [--kernels wgmma]   # every listed variant compiles
-    python3 kernels/harness.py check                           # correctness of each variant (GPU)
+    python3 kernels/harness.py check [--quick]                 # correctness of each variant (GPU)
     python3 kernels/harness.py bench [--variants a,b] [--dims 64,128]   # TFLOP/s, bf16, the shapes
     python3 kernels/harness.py prof --variants a --dims 128 --n 4096 [--causal]   # one launch each, for ncu
 
@@ -169,6 +169,7 @@ if __name__ == "__main__":
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--variants", default="")
     ap.add_argument("--dims", default="64,128", help="head dims for bench")
+    ap.add_argument("--quick", action="store_true", help="check: bf16, three cases (for compute-sanitizer)")
     ap.add_argument("--n", type=int, default=4096, help="sequence length for prof")
     ap.add_argument("--causal", action="store_true", help="prof: causal")
     ap.add_argument("--kernels", default="all", choices=["all", "mma", "wgmma", "general"],
