@@ -23,7 +23,6 @@
 #ifndef SECTION_MB
 #define SECTION_MB 8
 #endif
-#define SCORE_MODS (HAS_SOFTCAP || HAS_ALIBI || HAS_BIAS || NONPOS_SCALE)
 #if BR != 64 * NWG
 #error "flash_fwd_wgmma: BR must be 64 NWG"
 #endif
@@ -78,35 +77,7 @@ struct Rows {
 __device__ __forceinline__ void softmax_block(float (&sc)[BC / 2], Rows& rows, const FlashParams& p,
                                               const SeqInfo& s, int i0, int i1, int j0, int wrow0, int g, int t,
                                               float mult, float slope) {
-    const bool full = block_is_full(p, s, i0, i1, j0, BC);
-#if SCORE_MODS
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int i = i0 + wrow0 + g + 8 * h;
-        const float* brow = bias_row_ptr(p, s, i);
-#pragma unroll
-        for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int j = j0 + n * 8 + 2 * t + e;
-                float x = score_mods(p, s, sc[4 * n + 2 * h + e], i, j, slope, brow);
-                if (!full && !visible(p, s, i, j)) x = NEG_INF;
-                sc[4 * n + 2 * h + e] = x;
-            }
-    }
-#else
-    if (!full) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int i = i0 + wrow0 + g + 8 * h;
-#pragma unroll
-            for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    if (!visible(p, s, i, j0 + n * 8 + 2 * t + e)) sc[4 * n + 2 * h + e] = NEG_INF;
-        }
-    }
-#endif
+    mods_and_mask<1, BC / 8>(p, s, sc, i0 + wrow0 + g, j0, t, block_is_full(p, s, i0, i1, j0, BC), slope);
     float bmax[2];
     bool grow = false;
 #pragma unroll

@@ -1,6 +1,9 @@
 // Which keys a query sees and what turns a dot product into a score. A variant sets
 //   HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS   score mods (each 0 or 1)
 //   HAS_MASK                           a window (causal included) that hides some keys (0 or 1)
+// and the tensor-core kernels NONPOS_SCALE (scale <= 0); SCORE_MODS says whether any score mod is on.
+
+#define SCORE_MODS (HAS_SOFTCAP || HAS_ALIBI || HAS_BIAS || NONPOS_SCALE)
 
 // ---- the mask: causal is the window (left = inf, right = 0), aligned bottom-right --------------
 
@@ -74,5 +77,40 @@ __device__ __forceinline__ const float* bias_row_ptr(const FlashParams& p, const
     return p.bias + s.b * p.bias_batch + s.h * p.bias_head + (i64)i * p.bias_row;
 #else
     return 0;
+#endif
+}
+
+// ---- on the tensor cores' accumulators ------------------------------------------------------
+
+// Score mods and the mask on MT slices of 16 rows of scores in the m16n8 C-fragment layout, CHUNKS
+// chunks of 8 keys each: c[4 (CHUNKS m + n) + 2h + e] is row i + 16m + 8h, key j0 + 8n + 2t + e
+// (t = lane % 4). `full`: the block needs no mask. Without score mods only a partial block is touched.
+template <int MT, int CHUNKS>
+__device__ __forceinline__ void mods_and_mask(const FlashParams& p, const SeqInfo& s, float* c, int i, int j0,
+                                              int t, bool full, float slope) {
+#if SCORE_MODS
+#pragma unroll
+    for (int r = 0; r < 2 * MT; ++r) {  // r = 2m + h: row i + 8r
+        const float* brow = bias_row_ptr(p, s, i + 8 * r);
+#pragma unroll
+        for (int n = 0; n < CHUNKS; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float& x = c[4 * (CHUNKS * (r >> 1) + n) + 2 * (r & 1) + e];
+                const int j = j0 + n * 8 + 2 * t + e;
+                x = score_mods(p, s, x, i + 8 * r, j, slope, brow);
+                if (!full && !visible(p, s, i + 8 * r, j)) x = NEG_INF;
+            }
+    }
+#else
+    if (full) return;
+#pragma unroll
+    for (int r = 0; r < 2 * MT; ++r)
+#pragma unroll
+        for (int n = 0; n < CHUNKS; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+                if (!visible(p, s, i + 8 * r, j0 + n * 8 + 2 * t + e))
+                    c[4 * (CHUNKS * (r >> 1) + n) + 2 * (r & 1) + e] = NEG_INF;
 #endif
 }
