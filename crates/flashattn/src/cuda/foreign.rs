@@ -1,0 +1,144 @@
+//! Working inside another CUDA library (PyTorch): tensors over its device memory, used where they
+//! lie ([`Tensor::from_device_raw`]), and calls ordered on its stream ([`on_stream`]).
+//!
+//! flashattn keeps queueing every copy, allocation and launch on its own stream of the device
+//! (`Gpu::stream`: the device's default stream), so its scratch buffers and the Hopper kernel's
+//! tile counter stay ordered by one stream. [`on_stream`] joins that stream to the caller's with
+//! two events, before and after the work: no host synchronization, and nothing to do when the
+//! caller's stream is flashattn's own (PyTorch's default stream is).
+
+use std::any::Any;
+
+use cudarc::driver::sys::{self, CUpointer_attribute};
+
+use super::device::{Gpu, gpu};
+use super::storage::{CudaStorage, ForeignMemory};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::{MAX_ELEMENTS, Tensor};
+
+impl Tensor {
+    /// A tensor over device memory of GPU `ordinal` that another owner holds (a PyTorch
+    /// tensor's), used where it lies: `len` elements of `dtype` at device address `ptr`, viewed
+    /// with `shape`, `strides` (in elements) and `offset` as [`Tensor::from_host_raw`] checks them.
+    /// `keep` is held until the last tensor over the memory is dropped; flashattn never frees the
+    /// memory. A tensor no other shares may receive outputs
+    /// ([`forward_into`](crate::forward_into), [`backward_into`](crate::backward_into)), written
+    /// on flashattn's stream: see [`on_stream`] to order the call with the owner's work.
+    ///
+    /// # Safety
+    /// Unless `len` is 0, `ptr` is the address of `len` elements of `dtype` in device memory of
+    /// GPU `ordinal`, in its primary context, that stay allocated while the tensor (or a clone or
+    /// view of it) lives, that nothing outside flashattn writes while flashattn's work on them is
+    /// queued, and, when the tensor receives an output, that no input of the same call overlaps.
+    pub unsafe fn from_device_raw(
+        ordinal: usize,
+        ptr: u64,
+        dtype: DType,
+        len: usize,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+        keep: Box<dyn Any + Send + Sync>,
+    ) -> Result<Self> {
+        if len > MAX_ELEMENTS {
+            return Err(Error::arg("len", "at most 2^60 elements", len));
+        }
+        let gpu = gpu(ordinal)?;
+        let align = dtype.size_in_bytes() as u64;
+        if len > 0 {
+            if ptr == 0 || !ptr.is_multiple_of(align) {
+                return Err(Error::arg(
+                    "ptr",
+                    format!("a non-null device address aligned to {align} bytes ({dtype})"),
+                    format!("{ptr:#x}"),
+                ));
+            }
+            expect_device_memory(&gpu, ptr)?;
+        }
+        let memory = ForeignMemory {
+            ptr,
+            dtype,
+            _keep: keep,
+        };
+        let storage = CudaStorage::foreign(&gpu, memory, len);
+        // A view reaching past the memory is the caller's `len`, as in `from_host_raw`.
+        Tensor::from_cuda_storage(storage, shape, strides, offset).map_err(|e| match e {
+            Error::InvalidArgument {
+                arg: "storage",
+                expected,
+                got,
+            } => Error::InvalidArgument {
+                arg: "len",
+                expected,
+                got,
+            },
+            other => other,
+        })
+    }
+}
+
+/// Checks that the driver knows `ptr` as device memory of `gpu` (a host address, or another
+/// GPU's memory, is an argument error).
+fn expect_device_memory(gpu: &Gpu, ptr: u64) -> Result<()> {
+    let mut ordinal: i32 = -1;
+    gpu.ctx
+        .bind_to_thread()
+        .map_err(Gpu::err("binding the context"))?;
+    // SAFETY: the device-ordinal attribute writes one i32 through the pointer, valid for the call.
+    let got = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ordinal as *mut i32).cast(),
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    };
+    if got != sys::CUresult::CUDA_SUCCESS || ordinal != gpu.ordinal as i32 {
+        let what = if got == sys::CUresult::CUDA_SUCCESS {
+            format!("memory of cuda:{ordinal}")
+        } else {
+            format!("an address the driver does not know ({got:?})")
+        };
+        return Err(Error::arg(
+            "ptr",
+            format!("device memory of cuda:{}", gpu.ordinal),
+            format!("{ptr:#x}, {what}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Runs `f`, which queues flashattn work on GPU `ordinal` (a [`forward_into`](crate::forward_into)
+/// over tensors from [`Tensor::from_device_raw`], say), ordered on the caller's CUDA `stream` (a
+/// raw `CUstream`, e.g. PyTorch's `torch.cuda.current_stream().cuda_stream`) as if launched on
+/// it: flashattn's stream first waits for the work queued on `stream` so far, and `stream` then
+/// waits for everything `f` queued. Neither waits on the host. `stream` is waited on even when
+/// `f` fails, since `f` may have queued work before failing.
+///
+/// # Safety
+/// `stream` is a live stream of GPU `ordinal`'s primary context (or 0, its default stream) that
+/// stays alive during the call.
+pub unsafe fn on_stream<R>(
+    ordinal: usize,
+    stream: usize,
+    f: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    let gpu = gpu(ordinal)?;
+    let theirs = stream as sys::CUstream;
+    if theirs == gpu.stream.cu_stream() {
+        return f();
+    }
+    // SAFETY: the caller's contract: a live stream of this context, kept alive during the call;
+    // the wrapper is dropped before returning and does not destroy the stream.
+    let theirs = unsafe { gpu.ctx.wrap_borrowed_stream(theirs) };
+    gpu.stream
+        .join(&theirs)
+        .map_err(Gpu::err("waiting for the caller's stream"))?;
+    let result = f();
+    let joined = theirs
+        .join(&gpu.stream)
+        .map_err(Gpu::err("making the caller's stream wait for flashattn's"));
+    let r = result?;
+    joined?;
+    Ok(r)
+}
