@@ -44,16 +44,16 @@ impl Tensor {
         if len > MAX_ELEMENTS {
             return Err(Error::arg("len", "at most 2^60 elements", len));
         }
-        let gpu = gpu(ordinal)?;
         let align = dtype.size_in_bytes() as u64;
+        if len > 0 && (ptr == 0 || !ptr.is_multiple_of(align)) {
+            return Err(Error::arg(
+                "ptr",
+                format!("a non-null device address aligned to {align} bytes ({dtype})"),
+                format!("{ptr:#x}"),
+            ));
+        }
+        let gpu = gpu(ordinal)?;
         if len > 0 {
-            if ptr == 0 || !ptr.is_multiple_of(align) {
-                return Err(Error::arg(
-                    "ptr",
-                    format!("a non-null device address aligned to {align} bytes ({dtype})"),
-                    format!("{ptr:#x}"),
-                ));
-            }
             expect_device_memory(&gpu, ptr)?;
         }
         let memory = ForeignMemory {
@@ -141,4 +141,102 @@ pub unsafe fn on_stream<R>(
     let r = result?;
     joined?;
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::{Device, contiguous_strides};
+    use crate::{AttentionParams, forward, forward_into};
+
+    /// A tensor over the device memory of `t` (which it keeps alive), or the call's error.
+    fn over(t: &Tensor, len: usize, shape: &[usize]) -> Result<Tensor> {
+        let ptr = t.cuda_ptr().expect("a device tensor");
+        // SAFETY: `ptr` is `t`'s own device buffer of at least `len` elements, kept alive by the
+        // clone in `keep`; nothing else writes it during the test.
+        unsafe {
+            Tensor::from_device_raw(
+                0,
+                ptr,
+                t.dtype(),
+                len,
+                shape,
+                &contiguous_strides(shape),
+                0,
+                Box::new(t.clone()),
+            )
+        }
+    }
+
+    /// Null and misaligned addresses are argument errors, on any machine; without a GPU a
+    /// plausible one is the typed error of the missing driver or device.
+    #[test]
+    fn bad_addresses_are_argument_errors() {
+        let raw = |ptr: u64, len: usize| {
+            // SAFETY: every call fails before the address could be used.
+            unsafe {
+                Tensor::from_device_raw(0, ptr, DType::F32, len, &[len], &[1], 0, Box::new(()))
+            }
+        };
+        assert_eq!(raw(0, 4).unwrap_err().argument(), Some("ptr"));
+        assert_eq!(raw(0x1002, 4).unwrap_err().argument(), Some("ptr"));
+        if !crate::cuda::is_available() {
+            let e = raw(0x1000, 4).unwrap_err();
+            assert!(
+                matches!(e, Error::NoCudaDriver(_) | Error::NoCudaDevice { .. }),
+                "{e}"
+            );
+        }
+    }
+
+    /// On a GPU: outputs written into foreign memory equal `forward`'s; host memory and views
+    /// past the memory are refused, naming `ptr` and `len`.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn outputs_are_written_into_foreign_device_memory() {
+        let (b, n, h, d) = (2, 65, 4, 64);
+        let x: Vec<f32> = (0..b * n * h * d)
+            .map(|i| (i as f32 * 0.37).sin())
+            .collect();
+        let q = Tensor::from_vec(x, &[b, n, h, d])
+            .unwrap()
+            .to_device(Device::Cuda(0))
+            .unwrap();
+        let p = AttentionParams::default().causal();
+        let want = forward(&q, &q, &q, &p).unwrap();
+        let out_mem = Tensor::full(&[b, n, h, d], DType::F32, f32::NAN).unwrap();
+        let lse_mem = Tensor::full(&[b, h, n], DType::F32, f32::NAN).unwrap();
+        let (out_mem, lse_mem) = (
+            out_mem.to_device(q.device()).unwrap(),
+            lse_mem.to_device(q.device()).unwrap(),
+        );
+        let mut out = over(&out_mem, out_mem.numel(), &[b, n, h, d]).unwrap();
+        let mut lse = over(&lse_mem, lse_mem.numel(), &[b, h, n]).unwrap();
+        let q_raw = over(&q, q.numel(), &[b, n, h, d]).unwrap();
+        forward_into(&q_raw, &q_raw, &q_raw, &p, &mut out, &mut lse).unwrap();
+        assert_eq!(
+            out.to_vec::<f32>().unwrap(),
+            want.out.to_vec::<f32>().unwrap()
+        );
+        assert_eq!(
+            lse.to_vec::<f32>().unwrap(),
+            want.lse.to_vec::<f32>().unwrap()
+        );
+        assert_eq!(over(&q, 7, &[8]).unwrap_err().argument(), Some("len"));
+        let host = [1.0f32; 4];
+        // SAFETY: the call fails (host memory) before the address could be used.
+        let e = unsafe {
+            Tensor::from_device_raw(
+                0,
+                host.as_ptr() as u64,
+                DType::F32,
+                4,
+                &[4],
+                &[1],
+                0,
+                Box::new(()),
+            )
+        };
+        assert_eq!(e.unwrap_err().argument(), Some("ptr"));
+    }
 }
