@@ -1,6 +1,7 @@
 //! Tensors as the Python side describes them (data pointer, dtype name, shape, strides, device,
 //! owner), wrapped as flashattn tensors over the same memory, on the CPU or a GPU.
 
+use flashattn::cuda::DeviceMemory;
 use flashattn::{DType, Tensor};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -88,7 +89,13 @@ pub(crate) unsafe fn tensor(py: Python<'_>, arg: &str, desc: &Desc) -> PyResult<
                 Tensor::from_host_raw(*ptr as *mut u8, dtype, span, shape, &strides, 0, keep)
             }
             Place::Cuda(ordinal) => {
-                Tensor::from_device_raw(ordinal, *ptr as u64, dtype, span, shape, &strides, 0, keep)
+                let memory = DeviceMemory {
+                    ordinal,
+                    ptr: *ptr as u64,
+                    dtype,
+                    len: span,
+                };
+                Tensor::from_device_raw(memory, shape, &strides, 0, keep)
             }
         }
     }

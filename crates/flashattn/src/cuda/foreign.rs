@@ -17,30 +17,48 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::{MAX_ELEMENTS, Tensor};
 
+/// Device memory of another owner, as [`Tensor::from_device_raw`] takes it: `len` elements of
+/// `dtype` at device address `ptr` on GPU `ordinal`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceMemory {
+    /// The GPU (`Device::Cuda(ordinal)`).
+    pub ordinal: usize,
+    /// The device address of element 0.
+    pub ptr: u64,
+    /// The element type.
+    pub dtype: DType,
+    /// Elements from `ptr` on that belong to the memory.
+    pub len: usize,
+}
+
 impl Tensor {
-    /// A tensor over device memory of GPU `ordinal` that another owner holds (a PyTorch
-    /// tensor's), used where it lies: `len` elements of `dtype` at device address `ptr`, viewed
-    /// with `shape`, `strides` (in elements) and `offset` as [`Tensor::from_host_raw`] checks them.
+    /// A tensor over device memory that another owner holds (a PyTorch tensor's), used where it
+    /// lies: `memory`, viewed with `shape`, `strides` (in elements) and `offset` as
+    /// [`Tensor::from_host_raw`] checks them.
     /// `keep` is held until the last tensor over the memory is dropped; flashattn never frees the
     /// memory. A tensor no other shares may receive outputs
     /// ([`forward_into`](crate::forward_into), [`backward_into`](crate::backward_into)), written
     /// on flashattn's stream: see [`on_stream`] to order the call with the owner's work.
     ///
     /// # Safety
-    /// Unless `len` is 0, `ptr` is the address of `len` elements of `dtype` in device memory of
-    /// GPU `ordinal`, in its primary context, that stay allocated while the tensor (or a clone or
-    /// view of it) lives, that nothing outside flashattn writes while flashattn's work on them is
-    /// queued, and, when the tensor receives an output, that no input of the same call overlaps.
+    /// Unless `memory.len` is 0, `memory.ptr` is the address of `len` elements of `dtype` in
+    /// device memory of GPU `ordinal`, in its primary context, that stay allocated while the
+    /// tensor (or a clone or view of it) lives, that nothing outside flashattn writes while
+    /// flashattn's work on them is queued, and, when the tensor receives an output, that no input
+    /// of the same call overlaps.
     pub unsafe fn from_device_raw(
-        ordinal: usize,
-        ptr: u64,
-        dtype: DType,
-        len: usize,
+        memory: DeviceMemory,
         shape: &[usize],
         strides: &[usize],
         offset: usize,
         keep: Box<dyn Any + Send + Sync>,
     ) -> Result<Self> {
+        let DeviceMemory {
+            ordinal,
+            ptr,
+            dtype,
+            len,
+        } = memory;
         if len > MAX_ELEMENTS {
             return Err(Error::arg("len", "at most 2^60 elements", len));
         }
@@ -56,12 +74,12 @@ impl Tensor {
         if len > 0 {
             expect_device_memory(&gpu, ptr)?;
         }
-        let memory = ForeignMemory {
+        let foreign = ForeignMemory {
             ptr,
             dtype,
             _keep: keep,
         };
-        let storage = CudaStorage::foreign(&gpu, memory, len);
+        let storage = CudaStorage::foreign(&gpu, foreign, len);
         // A view reaching past the memory is the caller's `len`, as in `from_host_raw`.
         Tensor::from_cuda_storage(storage, shape, strides, offset).map_err(|e| match e {
             Error::InvalidArgument {
@@ -149,17 +167,30 @@ mod tests {
     use crate::tensor::{Device, contiguous_strides};
     use crate::{AttentionParams, forward, forward_into};
 
+    /// `len` f32 at `ptr` on GPU 0.
+    fn f32_memory(ptr: u64, len: usize) -> DeviceMemory {
+        DeviceMemory {
+            ordinal: 0,
+            ptr,
+            dtype: DType::F32,
+            len,
+        }
+    }
+
     /// A tensor over the device memory of `t` (which it keeps alive), or the call's error.
     fn over(t: &Tensor, len: usize, shape: &[usize]) -> Result<Tensor> {
         let ptr = t.cuda_ptr().expect("a device tensor");
         // SAFETY: `ptr` is `t`'s own device buffer of at least `len` elements, kept alive by the
         // clone in `keep`; nothing else writes it during the test.
+        let memory = DeviceMemory {
+            ordinal: 0,
+            ptr,
+            dtype: t.dtype(),
+            len,
+        };
         unsafe {
             Tensor::from_device_raw(
-                0,
-                ptr,
-                t.dtype(),
-                len,
+                memory,
                 shape,
                 &contiguous_strides(shape),
                 0,
@@ -174,9 +205,7 @@ mod tests {
     fn bad_addresses_are_argument_errors() {
         let raw = |ptr: u64, len: usize| {
             // SAFETY: every call fails before the address could be used.
-            unsafe {
-                Tensor::from_device_raw(0, ptr, DType::F32, len, &[len], &[1], 0, Box::new(()))
-            }
+            unsafe { Tensor::from_device_raw(f32_memory(ptr, len), &[len], &[1], 0, Box::new(())) }
         };
         assert_eq!(raw(0, 4).unwrap_err().argument(), Some("ptr"));
         assert_eq!(raw(0x1002, 4).unwrap_err().argument(), Some("ptr"));
@@ -226,16 +255,8 @@ mod tests {
         let host = [1.0f32; 4];
         // SAFETY: the call fails (host memory) before the address could be used.
         let e = unsafe {
-            Tensor::from_device_raw(
-                0,
-                host.as_ptr() as u64,
-                DType::F32,
-                4,
-                &[4],
-                &[1],
-                0,
-                Box::new(()),
-            )
+            let memory = f32_memory(host.as_ptr() as u64, 4);
+            Tensor::from_device_raw(memory, &[4], &[1], 0, Box::new(()))
         };
         assert_eq!(e.unwrap_err().argument(), Some("ptr"));
     }

@@ -23,7 +23,7 @@ pub use compile::{
     nvrtc_version, ptxas_report,
 };
 pub use device::{MemoryUse, device_count, memory_use, reset_memory_peak};
-pub use foreign::on_stream;
+pub use foreign::{DeviceMemory, on_stream};
 pub(crate) use storage::upload;
 
 use crate::backend::Backend;
