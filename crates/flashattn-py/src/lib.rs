@@ -1,14 +1,15 @@
 //! The native module of the `flashattn` Python package: forward and backward over tensors that
-//! the Python side allocates, described by their data pointers (see [`host_tensor`]) and used
-//! where they lie, with the GIL released while flashattn computes.
+//! the Python side allocates, described by their data pointers (see [`tensor_desc`]) and used
+//! where they lie, on the CPU or a GPU, with the GIL released while flashattn computes. CUDA calls
+//! are ordered on the caller's stream (PyTorch's current one) with `flashattn::cuda::on_stream`.
 
-mod host_tensor;
+mod tensor_desc;
 
 use flashattn::{AttentionParams, Error, Gradients, Tensor, Window};
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use host_tensor::{Desc, host_tensor};
+use tensor_desc::{Desc, tensor};
 
 /// The options of a call, as a Python tuple: `(scale, (window_left, window_right), softcap,
 /// alibi_slopes, bias, (cu_seqlens_q, cu_seqlens_k))`, `None` where unset.
@@ -22,8 +23,9 @@ type Opts = (
 );
 
 /// The Python exception for a flashattn error: `TypeError` for a dtype, `ValueError` for a bad
-/// argument, `RuntimeError` for a device failure; `what` names the tensor when the library's
-/// message does not.
+/// argument or devices that differ, `NotImplementedError` for what a backend does not provide
+/// (yet), `RuntimeError` for a device failure; `what` names the tensor or pass when the
+/// library's message does not.
 pub(crate) fn py_error(e: Error, what: &str) -> PyErr {
     let msg = match e.argument() {
         Some(_) => e.to_string(),
@@ -31,9 +33,8 @@ pub(crate) fn py_error(e: Error, what: &str) -> PyErr {
     };
     match e {
         Error::DType { .. } => PyTypeError::new_err(msg),
-        Error::InvalidArgument { .. }
-        | Error::DeviceMismatch { .. }
-        | Error::Unsupported { .. } => PyValueError::new_err(msg),
+        Error::InvalidArgument { .. } | Error::DeviceMismatch { .. } => PyValueError::new_err(msg),
+        Error::Unsupported { .. } => PyNotImplementedError::new_err(msg),
         _ => PyRuntimeError::new_err(msg),
     }
 }
@@ -41,7 +42,7 @@ pub(crate) fn py_error(e: Error, what: &str) -> PyErr {
 /// The library's params for `opts`, wrapping the ALiBi slopes and bias.
 ///
 /// # Safety
-/// As [`host_tensor`], for the slopes and bias `opts` describes.
+/// As [`tensor`], for the slopes and bias `opts` describes.
 unsafe fn params(py: Python<'_>, opts: &Opts) -> PyResult<AttentionParams> {
     let (scale, (left, right), softcap, alibi, bias, varlen) = opts;
     let mut p = AttentionParams {
@@ -52,11 +53,11 @@ unsafe fn params(py: Python<'_>, opts: &Opts) -> PyResult<AttentionParams> {
     };
     if let Some(a) = alibi {
         // SAFETY: the caller's contract.
-        p.alibi_slopes = Some(unsafe { host_tensor(py, "alibi_slopes", a) }?);
+        p.alibi_slopes = Some(unsafe { tensor(py, "alibi_slopes", a) }?);
     }
     if let Some(b) = bias {
         // SAFETY: the caller's contract.
-        p.bias = Some(unsafe { host_tensor(py, "bias", b) }?);
+        p.bias = Some(unsafe { tensor(py, "bias", b) }?);
     }
     if let Some((cq, ck)) = varlen {
         p = p.varlen(cq.clone(), ck.clone());
@@ -67,7 +68,7 @@ unsafe fn params(py: Python<'_>, opts: &Opts) -> PyResult<AttentionParams> {
 /// Wraps each of `descs` under its name.
 ///
 /// # Safety
-/// As [`host_tensor`], for every tensor.
+/// As [`tensor`], for every tensor.
 unsafe fn wrap<const N: usize>(
     py: Python<'_>,
     names: [&str; N],
@@ -76,23 +77,44 @@ unsafe fn wrap<const N: usize>(
     let mut out = Vec::with_capacity(N);
     for (name, d) in names.into_iter().zip(descs) {
         // SAFETY: the caller's contract.
-        out.push(unsafe { host_tensor(py, name, d) }?);
+        out.push(unsafe { tensor(py, name, d) }?);
     }
     out.try_into()
         .map_err(|_| PyRuntimeError::new_err("flashattn: tensor count mismatch"))
 }
 
+/// The caller's CUDA stream of a call on a GPU: the device ordinal and the raw `CUstream`.
+type Stream = Option<(usize, usize)>;
+
+/// Runs `f` with the GIL released, ordered on `stream` when there is one.
+fn run(
+    py: Python<'_>,
+    stream: Stream,
+    f: impl FnOnce() -> flashattn::Result<()> + Send,
+) -> flashattn::Result<()> {
+    py.detach(|| match stream {
+        // SAFETY: the Python package passes PyTorch's current stream of the device the call's
+        // tensors live on, a stream of its primary context that outlives the call.
+        Some((ordinal, s)) => unsafe { flashattn::cuda::on_stream(ordinal, s, f) },
+        None => f(),
+    })
+}
+
 /// Attention of `q`, `k`, `v` written into `out` and `lse`, freshly allocated tensors of the
-/// shapes `flashattn::forward_into` expects (no other Python object may read them meanwhile).
+/// shapes `flashattn::forward_into` expects (no other Python object may read them meanwhile),
+/// on `stream` for CUDA tensors.
 #[pyfunction]
+#[pyo3(signature = (qkv, outputs, opts, stream=None))]
 fn forward(
     py: Python<'_>,
     qkv: (Desc, Desc, Desc),
     outputs: (Desc, Desc),
     opts: Opts,
+    stream: Stream,
 ) -> PyResult<()> {
-    // SAFETY: the Python package passes live CPU tensors that it does not touch during the call;
-    // the outputs are fresh allocations that no input shares.
+    // SAFETY: the Python package passes live tensors that it does not touch during the call (on a
+    // GPU, the work is ordered on the stream of the Python code that uses them); the outputs are
+    // fresh allocations that no input shares.
     let ([q, k, v], [mut out, mut lse], p) = unsafe {
         (
             wrap(py, ["q", "k", "v"], [&qkv.0, &qkv.1, &qkv.2])?,
@@ -100,21 +122,26 @@ fn forward(
             params(py, &opts)?,
         )
     };
-    py.detach(|| flashattn::forward_into(&q, &k, &v, &p, &mut out, &mut lse))
-        .map_err(|e| py_error(e, "forward"))
+    run(py, stream, || {
+        flashattn::forward_into(&q, &k, &v, &p, &mut out, &mut lse)
+    })
+    .map_err(|e| py_error(e, "forward"))
 }
 
 /// Gradients of `forward` written into `grads` (`dq`, `dk`, `dv` and, exactly when the call has
-/// a bias, `dbias`), freshly allocated tensors of the shapes `flashattn::backward_into` expects.
+/// a bias, `dbias`), freshly allocated tensors of the shapes `flashattn::backward_into` expects,
+/// on `stream` for CUDA tensors.
 #[pyfunction]
+#[pyo3(signature = (inputs, grads, opts, stream=None))]
 fn backward(
     py: Python<'_>,
     inputs: (Desc, Desc, Desc, Desc, Desc, Desc),
     grads: (Desc, Desc, Desc, Option<Desc>),
     opts: Opts,
+    stream: Stream,
 ) -> PyResult<()> {
     let (q, k, v, out, lse, dout) = &inputs;
-    // SAFETY: as in `forward`: live CPU tensors, the gradients fresh allocations.
+    // SAFETY: as in `forward`: live tensors, the gradients fresh allocations.
     let ([q, k, v, out, lse, dout], [dq, dk, dv], p) = unsafe {
         (
             wrap(
@@ -128,17 +155,27 @@ fn backward(
     };
     let dbias = match &grads.3 {
         // SAFETY: as above.
-        Some(d) => Some(unsafe { host_tensor(py, "dbias", d) }?),
+        Some(d) => Some(unsafe { tensor(py, "dbias", d) }?),
         None => None,
     };
     let mut g = Gradients { dq, dk, dv, dbias };
-    py.detach(|| flashattn::backward_into(&q, &k, &v, &out, &lse, &dout, &p, &mut g))
-        .map_err(|e| py_error(e, "backward"))
+    run(py, stream, || {
+        flashattn::backward_into(&q, &k, &v, &out, &lse, &dout, &p, &mut g)
+    })
+    .map_err(|e| py_error(e, "backward"))
+}
+
+/// The `(major, minor)` version of the NVRTC that compiles the CUDA kernels, loaded as the crate
+/// loads it; a `RuntimeError` saying how to install it when there is none.
+#[pyfunction]
+fn nvrtc_version() -> PyResult<(i32, i32)> {
+    flashattn::cuda::nvrtc_version().map_err(|e| py_error(e, "nvrtc"))
 }
 
 /// The module `flashattn._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(nvrtc_version, m)?)?;
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(backward, m)?)?;
     Ok(())

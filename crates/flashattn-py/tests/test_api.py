@@ -52,24 +52,55 @@ def test_bad_options_raise_python_errors():
         flash_attn_func(q, k, v, softcap=-1.0)
 
 
-def test_non_cpu_tensors_are_refused_with_a_clear_error():
+def test_other_devices_are_refused_with_a_clear_error():
     q, k, v = qkv()
-    with pytest.raises(ValueError, match="only CPU tensors"):
+    with pytest.raises(ValueError, match="only CPU and CUDA tensors"):
         flash_attn_func(q.to("meta"), k, v)
-    # The native module checks the device itself, before any memory is touched.
-    cuda_q = (0, "float32", [2, 7, 4, 40], [1120, 160, 40, 1], "cuda:0", q)
-    desc = lambda t: (t.data_ptr(), "float32", list(t.shape), list(t.stride()), "cpu", t)
+    # The native module checks the device name itself, before any memory is touched.
+    desc = lambda t, dev="cpu": (t.data_ptr(), "float32", list(t.shape), list(t.stride()), dev, t)
     opts = (None, (None, None), None, None, None, None)
     out, lse = torch.empty_like(q), torch.empty(2, 4, 7)
-    with pytest.raises(ValueError, match="CUDA tensors are not supported by the Python package yet"):
-        native.forward((cuda_q, desc(k), desc(v)), (desc(out), desc(lse)), opts)
+    with pytest.raises(ValueError, match="`q`: expected a tensor on cpu or cuda:N, got one on xpu:0"):
+        native.forward((desc(q, "xpu:0"), desc(k), desc(v)), (desc(out), desc(lse)), opts)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_cuda_tensors_are_refused_with_a_clear_error():
-    q, k, v = (t.cuda() for t in qkv())
-    with pytest.raises(ValueError, match="CUDA tensors are not supported by the Python package yet"):
-        flash_attn_func(q, k, v)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there")
+def test_cuda_without_a_gpu_is_a_runtime_error():
+    q, k, v = qkv()
+    desc = lambda t, dev="cpu": (t.data_ptr(), "float32", list(t.shape), list(t.stride()), dev, t)
+    opts = (None, (None, None), None, None, None, None)
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 7)
+    with pytest.raises(RuntimeError, match="q: no CUDA driver"):
+        native.forward((desc(q, "cuda:0"), desc(k), desc(v)), (desc(out), desc(lse)), opts)
+
+
+def test_nvrtc_of_the_loader_or_of_the_nvidia_wheels_is_found():
+    from flashattn import _cuda
+
+    where = _cuda.load_nvrtc()
+    if where is None:
+        pytest.skip("no NVRTC on the loader's path nor in an nvidia wheel")
+    major, minor = _cuda.nvrtc_version()
+    assert major >= 12 and minor >= 0, where
+
+
+class Capsule:
+    """An array known only through the DLPack protocol, as CuPy's and JAX's are."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, **kwargs):
+        return self.a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+def test_dlpack_objects_are_read_where_they_lie():
+    q, k, v = qkv()
+    got = flash_attn_func(*(Capsule(t.numpy()) for t in (q, k, v)), causal=True)
+    assert isinstance(got, torch.Tensor) and torch.equal(got, flash_attn_func(q, k, v, causal=True))
 
 
 def test_torch_compile_fullgraph_forward_and_backward():

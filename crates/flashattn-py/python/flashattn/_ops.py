@@ -1,29 +1,32 @@
-"""The torch operators ``flashattn::fwd`` and ``flashattn::bwd``: the native CPU forward and
-backward, with fake (meta) implementations for ``torch.compile`` and autograd through ``bwd``."""
+"""The torch operators ``flashattn::fwd`` and ``flashattn::bwd``: the native forward and backward
+on CPU and CUDA tensors, with fake (meta) implementations for ``torch.compile`` and autograd
+through ``bwd``. On a GPU the work is ordered on PyTorch's current stream, with no host
+synchronization (except for what the library reads on the host: ``cu_seqlens`` and ALiBi slopes
+that live on the GPU are copied to the host first)."""
 
 from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from . import _native
+from . import _cuda, _native
 
 # The dtype names the native module knows; others reach it by their torch names, to be refused.
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
-def expect_cpu(name: str, t: Optional[Tensor]) -> None:
-    """Raises a ``ValueError`` unless ``t`` is None or on the CPU, the one device served yet."""
-    if t is not None and t.device.type != "cpu":
-        why = "CUDA tensors are not supported by the Python package yet" if t.device.type == "cuda" else ""
-        raise ValueError(f"`{name}` is on {t.device}: {why or 'only CPU tensors are supported'}")
+def expect_device(name: str, t: Optional[Tensor]) -> None:
+    """Raises a ``ValueError`` unless ``t`` is None or on the CPU or a GPU (tensors of one call on
+    different devices are refused by the library, naming the argument)."""
+    if t is not None and t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"`{name}` is on {t.device}: only CPU and CUDA tensors are supported")
 
 
 def _desc(name: str, t: Tensor):
     """The native module's description of ``t``: its memory, used where it lies."""
-    expect_cpu(name, t)
+    expect_device(name, t)
     dtype = _DTYPE_NAMES.get(t.dtype) or str(t.dtype).removeprefix("torch.")
-    return (t.data_ptr(), dtype, t.shape, t.stride(), "cpu", t)
+    return (t.data_ptr(), dtype, t.shape, t.stride(), str(t.device), t)
 
 
 def _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap):
@@ -62,7 +65,7 @@ def _bwd_outputs(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) -> Tup
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
 
 
-@torch.library.custom_op("flashattn::fwd", mutates_args=(), device_types="cpu")
+@torch.library.custom_op("flashattn::fwd", mutates_args=(), device_types=("cpu", "cuda"))
 def fwd(
     q: Tensor,
     k: Tensor,
@@ -79,7 +82,9 @@ def fwd(
     """Attention output (contiguous, q's dtype, v's head dim) and log-sum-exp (f32)."""
     out, lse = _fwd_outputs(q, v, cu_seqlens_q is not None)
     opts = _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap)
-    _native.forward((_desc("q", q), _desc("k", k), _desc("v", v)), (_desc("out", out), _desc("lse", lse)), opts)
+    with _cuda.on_device(q):
+        qkv, outputs = (_desc("q", q), _desc("k", k), _desc("v", v)), (_desc("out", out), _desc("lse", lse))
+        _native.forward(qkv, outputs, opts, _cuda.stream(q))
     return out, lse
 
 
@@ -88,7 +93,7 @@ def _fwd_fake(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, wi
     return _fwd_outputs(q, v, cu_seqlens_q is not None)
 
 
-@torch.library.custom_op("flashattn::bwd", mutates_args=(), device_types="cpu")
+@torch.library.custom_op("flashattn::bwd", mutates_args=(), device_types=("cpu", "cuda"))
 def bwd(
     dout: Tensor,
     q: Tensor,
@@ -113,7 +118,8 @@ def bwd(
     opts = _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap)
     inputs = tuple(_desc(n, t) for n, t in zip(("q", "k", "v", "out", "lse", "dout"), (q, k, v, out, lse, dout)))
     grads = (_desc("dq", dq), _desc("dk", dk), _desc("dv", dv), None if bias is None else _desc("dbias", dbias))
-    _native.backward(inputs, grads, opts)
+    with _cuda.on_device(q):
+        _native.backward(inputs, grads, opts, _cuda.stream(q))
     return dq, dk, dv, dbias
 
 

@@ -1,5 +1,6 @@
 """FlashAttention-2's Python API (``flash_attn_func``, ``flash_attn_varlen_func``) over the
-``flashattn::fwd`` operator: same arguments, defaults, layouts and return values, on the CPU."""
+``flashattn::fwd`` operator: same arguments, defaults, layouts and return values, on CPU and CUDA
+tensors."""
 
 from typing import Optional, Tuple
 
@@ -19,13 +20,16 @@ def _check(dropout_p: float, *tensors) -> None:
     if dropout_p > 0.0:
         raise ValueError(f"invalid argument `dropout_p`: expected 0.0 (dropout is not implemented yet), got {dropout_p}")
     for name, t in tensors:
-        _ops.expect_cpu(name, t)
+        _ops.expect_device(name, t)
 
 
 def _torch(x):
-    """``x`` as a torch tensor (numpy arrays without a copy) and whether it came from numpy."""
+    """``x`` as a torch tensor and whether it came from numpy: numpy arrays and other DLPack
+    objects (CuPy, JAX) without a copy, where they lie."""
     if isinstance(x, np.ndarray):
         return torch.from_numpy(x), True
+    if x is not None and not isinstance(x, torch.Tensor) and hasattr(x, "__dlpack__"):
+        return torch.from_dlpack(x), False
     return x, False
 
 
@@ -63,7 +67,9 @@ def flash_attn_func(
     ``return_attn_probs`` the result is ``(out, softmax_lse, None)``, ``softmax_lse`` f32
     ``[batch, heads, seqlen_q]``. ``bias`` (keyword only) is an additive bias broadcastable to
     ``[batch, heads, seqlen_q, seqlen_k]``, differentiable. ``deterministic`` is accepted and
-    needs nothing: the CPU backward is deterministic. numpy arrays in, numpy arrays out.
+    ignored: the CPU backward is deterministic. CUDA tensors run on PyTorch's current stream.
+    numpy arrays in, numpy arrays out; other DLPack objects (CuPy, JAX arrays) are read where
+    they lie and give torch tensors (``cupy.from_dlpack(out)`` takes them back without a copy).
     """
     (q, numpy), (k, _), (v, _) = _torch(q), _torch(k), _torch(v)
     bias, alibi_slopes = _torch(bias)[0], _torch(alibi_slopes)[0]

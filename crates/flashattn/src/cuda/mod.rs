@@ -10,6 +10,7 @@
 pub mod compile;
 pub(crate) mod device;
 mod disk_cache;
+mod foreign;
 pub(crate) mod forward;
 pub(crate) mod params;
 pub(crate) mod standard;
@@ -22,6 +23,7 @@ pub use compile::{
     nvrtc_version, ptxas_report,
 };
 pub use device::{MemoryUse, device_count, memory_use, reset_memory_peak};
+pub use foreign::{DeviceMemory, on_stream};
 pub(crate) use storage::upload;
 
 use crate::backend::Backend;

@@ -5,6 +5,7 @@
 //! All copies and launches of one GPU are ordered on its single stream (see [`Gpu`]), so a buffer
 //! written by a kernel is read correctly by the next launch or download without extra events.
 
+use std::any::Any;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
@@ -17,11 +18,21 @@ use crate::host_buf::HostBuf;
 use crate::outputs::poison_outputs;
 use crate::tensor::{CpuStorage, Device, DeviceStorage, Tensor};
 
-/// A device allocation of one dtype.
+/// A device allocation of one dtype, or device memory of another owner.
 pub(crate) enum DeviceBuffer {
     F32(CudaSlice<f32>),
     F16(CudaSlice<f16>),
     BF16(CudaSlice<bf16>),
+    Foreign(ForeignMemory),
+}
+
+/// Device memory that another owner holds (a PyTorch tensor's), used where it lies and never
+/// freed by flashattn: dropping it drops `keep`, the owner's handle.
+pub(crate) struct ForeignMemory {
+    /// The device address of element 0.
+    pub(crate) ptr: u64,
+    pub(crate) dtype: DType,
+    pub(crate) _keep: Box<dyn Any + Send + Sync>,
 }
 
 /// A device buffer and the GPU it lives on. `len` counts elements; an empty buffer still holds
@@ -88,6 +99,15 @@ impl CudaStorage {
         Ok(s)
     }
 
+    /// `len` elements of foreign memory on `gpu` (see [`ForeignMemory`]).
+    pub(crate) fn foreign(gpu: &Arc<Gpu>, memory: ForeignMemory, len: usize) -> Self {
+        CudaStorage {
+            gpu: gpu.clone(),
+            buf: DeviceBuffer::Foreign(memory),
+            len,
+        }
+    }
+
     /// Copies the elements of a host buffer from `from` on to the GPU.
     pub(crate) fn upload(gpu: &Arc<Gpu>, host: &CpuStorage, from: usize) -> Result<Self> {
         let from = from.min(host.len());
@@ -127,7 +147,28 @@ impl CudaStorage {
             DeviceBuffer::F32(d) => CpuStorage::F32(down(g, d, self.len)?),
             DeviceBuffer::F16(d) => CpuStorage::F16(down(g, d, self.len)?),
             DeviceBuffer::BF16(d) => CpuStorage::BF16(down(g, d, self.len)?),
+            DeviceBuffer::Foreign(m) => match m.dtype {
+                DType::F32 => CpuStorage::F32(self.download_foreign(m.ptr)?),
+                DType::F16 => CpuStorage::F16(self.download_foreign(m.ptr)?),
+                DType::BF16 => CpuStorage::BF16(self.download_foreign(m.ptr)?),
+            },
         })
+    }
+
+    /// The `len` elements of foreign memory at `ptr`, copied to the host once the stream's
+    /// earlier work is done.
+    fn download_foreign<T: DeviceRepr + Default + Clone>(&self, ptr: u64) -> Result<HostBuf<T>> {
+        let mut v = vec![T::default(); self.len];
+        if !v.is_empty() {
+            let stream = self.gpu.stream.cu_stream();
+            // SAFETY: `ptr` holds `len` elements of `T` (`Tensor::from_device_raw`'s contract and
+            // its dtype check), and `v` has room for exactly that many; the copy is waited for
+            // before `v` is used.
+            unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut v, ptr, stream) }
+                .map_err(Gpu::err("copying from the device"))?;
+            self.gpu.synchronize()?;
+        }
+        Ok(HostBuf::Taken(v))
     }
 
     /// Overwrites every byte with 0xFF (NaN in every dtype).
@@ -137,9 +178,17 @@ impl CudaStorage {
 
     /// Sets every byte to `byte` (0 gives zeros in every dtype).
     pub(crate) fn fill_bytes(&mut self, byte: u8) -> Result<()> {
-        let bytes = self.len.max(1) * self.dtype().size_in_bytes();
+        // flashattn's allocations hold one element even when empty; foreign memory holds `len`.
+        let held = match self.buf {
+            DeviceBuffer::Foreign(_) => self.len,
+            _ => self.len.max(1),
+        };
+        let bytes = held * self.dtype().size_in_bytes();
+        if bytes == 0 {
+            return Ok(());
+        }
         let ptr = self.device_ptr();
-        // SAFETY: `ptr` is the start of this allocation, which holds at least `bytes` bytes; the
+        // SAFETY: `ptr` is the start of this buffer, which holds at least `bytes` bytes; the
         // memset is ordered on the stream every use of the buffer goes through.
         unsafe {
             cudarc::driver::result::memset_d8_async(ptr, byte, bytes, self.gpu.stream.cu_stream())
@@ -155,6 +204,7 @@ impl CudaStorage {
             DeviceBuffer::F32(d) => d.device_ptr(s).0,
             DeviceBuffer::F16(d) => d.device_ptr(s).0,
             DeviceBuffer::BF16(d) => d.device_ptr(s).0,
+            DeviceBuffer::Foreign(m) => m.ptr,
         }
     }
 
@@ -164,6 +214,7 @@ impl CudaStorage {
             DeviceBuffer::F32(_) => DType::F32,
             DeviceBuffer::F16(_) => DType::F16,
             DeviceBuffer::BF16(_) => DType::BF16,
+            DeviceBuffer::Foreign(m) => m.dtype,
         }
     }
 }

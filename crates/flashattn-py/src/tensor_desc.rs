@@ -1,13 +1,14 @@
 //! Tensors as the Python side describes them (data pointer, dtype name, shape, strides, device,
-//! owner), wrapped as flashattn tensors over the same memory.
+//! owner), wrapped as flashattn tensors over the same memory, on the CPU or a GPU.
 
+use flashattn::cuda::DeviceMemory;
 use flashattn::{DType, Tensor};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 /// What the Python side passes for a tensor: `(data_ptr, dtype, shape, strides, device, owner)`,
-/// `data_ptr` the address of the view's first element, `strides` in elements, `owner` the Python
-/// object holding the memory.
+/// `data_ptr` the address of the view's first element, `strides` in elements, `device` `"cpu"`
+/// or `"cuda:N"`, `owner` the Python object holding the memory.
 pub(crate) type Desc = (usize, String, Vec<usize>, Vec<isize>, String, Py<PyAny>);
 
 /// The flashattn dtype of a torch dtype name (`float32`, `float16`, `bfloat16`).
@@ -22,19 +23,34 @@ fn dtype_of(arg: &str, name: &str) -> PyResult<DType> {
     }
 }
 
+/// Where a tensor's memory lives, from its device name.
+enum Place {
+    Cpu,
+    Cuda(usize),
+}
+
+/// The place of the device name `device` (`cpu`, `cuda:N`).
+fn place_of(arg: &str, device: &str) -> PyResult<Place> {
+    if device == "cpu" {
+        return Ok(Place::Cpu);
+    }
+    match device.strip_prefix("cuda:").map(str::parse) {
+        Some(Ok(ordinal)) => Ok(Place::Cuda(ordinal)),
+        _ => Err(PyValueError::new_err(format!(
+            "invalid argument `{arg}`: expected a tensor on cpu or cuda:N, got one on {device}"
+        ))),
+    }
+}
+
 /// A flashattn tensor over the memory `desc` describes, keeping its owner alive.
 ///
 /// # Safety
-/// `desc` describes a live CPU tensor whose elements are not written by anything else while the
-/// returned tensor lives, nor read by anything else while it receives an output.
-pub(crate) unsafe fn host_tensor(py: Python<'_>, arg: &str, desc: &Desc) -> PyResult<Tensor> {
+/// `desc` describes a live tensor (host memory, or device memory in the GPU's primary context)
+/// whose elements are not written by anything else while flashattn's work on the returned tensor
+/// is queued, nor read by anything else while it receives an output.
+pub(crate) unsafe fn tensor(py: Python<'_>, arg: &str, desc: &Desc) -> PyResult<Tensor> {
     let (ptr, dtype, shape, strides, device, owner) = desc;
-    if device != "cpu" {
-        return Err(PyValueError::new_err(format!(
-            "`{arg}` is on {device}: CUDA tensors are not supported by the Python package yet \
-             (only CPU tensors are)"
-        )));
-    }
+    let place = place_of(arg, device)?;
     let dtype = dtype_of(arg, dtype)?;
     let strides: Vec<usize> = strides
         .iter()
@@ -67,6 +83,21 @@ pub(crate) unsafe fn host_tensor(py: Python<'_>, arg: &str, desc: &Desc) -> PyRe
     };
     let keep = Box::new(owner.clone_ref(py));
     // SAFETY: the caller's contract; `span` elements from `ptr` are the view's own memory.
-    unsafe { Tensor::from_host_raw(*ptr as *mut u8, dtype, span, shape, &strides, 0, keep) }
-        .map_err(|e| crate::py_error(e, arg))
+    unsafe {
+        match place {
+            Place::Cpu => {
+                Tensor::from_host_raw(*ptr as *mut u8, dtype, span, shape, &strides, 0, keep)
+            }
+            Place::Cuda(ordinal) => {
+                let memory = DeviceMemory {
+                    ordinal,
+                    ptr: *ptr as u64,
+                    dtype,
+                    len: span,
+                };
+                Tensor::from_device_raw(memory, shape, &strides, 0, keep)
+            }
+        }
+    }
+    .map_err(|e| crate::py_error(e, arg))
 }
