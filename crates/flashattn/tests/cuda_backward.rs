@@ -14,6 +14,7 @@ mod common;
 
 use common::gpu::{GPU, check_gpu_backward_cases, poison, to_device};
 use common::{Alibi, Case, Layout, gradient_errors, padded, rng};
+use flashattn::internals::{last_cuda_backward_kernel, set_mma_backward};
 use flashattn::{DType, Device, Gradients, Tensor, backward, backward_into, forward};
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -202,5 +203,58 @@ fn backward_into_padded_gradients() {
                 assert!(e.err <= e.bound, "case {i} call {call}: {e:?}");
             }
         }
+    }
+}
+
+/// The CUDA-core kernel in f16/bf16 where the tensor-core one would run (switched off on this
+/// thread): lengths, GQA, every option, varlen.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn cuda_core_kernel_in_half_precision() {
+    set_mma_backward(false);
+    let cases = vec![
+        Case::new(113, 203, 64).causal().dtype(DType::F16),
+        Case::new(65, 63, 128).heads(4, 1).dtype(DType::BF16),
+        Case::new(203, 113, 32)
+            .batch(2)
+            .heads(4, 2)
+            .window(Some(20), Some(3))
+            .softcap(3.0)
+            .alibi(Alibi::PerHead)
+            .bias([false, true, true, true])
+            .dtype(DType::BF16)
+            .layout(Layout::Bhnd),
+        Case::new(0, 0, 48)
+            .varlen(&[(5, 7), (63, 64), (0, 3), (113, 65)])
+            .heads(4, 2)
+            .causal()
+            .dtype(DType::F16),
+    ];
+    check_gpu_backward_cases("backward cuda-core half", 270_000, &cases);
+    let kernel = last_cuda_backward_kernel().expect("a backward ran");
+    assert!(kernel.starts_with("bwd_general_"), "{kernel}");
+    set_mma_backward(true);
+}
+
+/// Which key-block kernel runs: tensor cores for f16/bf16 head dims that are multiples of 8 up
+/// to 128, CUDA cores for f32, other head dims and larger ones.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn kernel_choice() {
+    let cases = [
+        (DType::F16, 64, 64, "bwd_mma_f16_d64x64"),
+        (DType::BF16, 128, 96, "bwd_mma_bf16_d128x96"),
+        (DType::BF16, 40, 40, "bwd_mma_bf16_d48x48"),
+        (DType::F32, 64, 64, "bwd_general_f32"),
+        (DType::F16, 256, 256, "bwd_general_f16"),
+        (DType::BF16, 36, 36, "bwd_general_bf16"),
+    ];
+    for (n, (dtype, d, dv, want)) in cases.into_iter().enumerate() {
+        let case = Case::new(70, 90, d).dv(dv).dtype(dtype);
+        let x = to_device(&case.inputs(&mut rng(280_000 + n as u64)), GPU);
+        let f = forward(&x.q, &x.k, &x.v, &x.p).unwrap();
+        backward(&x.q, &x.k, &x.v, &f.out, &f.lse, &x.dout, &x.p).unwrap();
+        let kernel = last_cuda_backward_kernel().expect("a backward ran");
+        assert!(kernel.starts_with(want), "{dtype} d {d}/{dv}: {kernel}");
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! 1. `flash_bwd_pre` (one warp per query row): `D = rowsum(dO∘O)` in f32, and zeros into the f32
 //!    dQ accumulator and the bias gradient, which the next kernel sums into with atomics.
-//! 2. The key-block kernel ([`tiles`]): one block per (key block, key/value head, sequence) walks
+//! 2. The key-block kernel (tensor cores or CUDA cores, [`tiles`]): one block per (key block, key/value head, sequence) walks
 //!    the query rows of the group's heads that see its keys, keeps dK and dV in f32 and writes
 //!    them once; dQ and dbias go by f32 atomics.
 //! 3. `flash_bwd_post`: `dq = scale · dQ` in dq's dtype and strides.
@@ -13,6 +13,7 @@
 mod params;
 pub(crate) mod tiles;
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -31,11 +32,16 @@ use crate::outputs::Gradients;
 use crate::problem::{Problem, row_layout, strides_like};
 use crate::tensor::{Tensor, contiguous_strides};
 use params::{BwdLayouts, BwdParams, BwdPointers, accum_len};
-use tiles::{GENERAL_BWD_THREADS, GeneralBwdTile, all_general_bwd_tiles, general_bwd_tile};
+use tiles::{
+    GENERAL_BWD_THREADS, GeneralBwdTile, MMA_BWD_MAX_HEAD_DIM, MMA_BWD_WARPS, MmaBwdTile,
+    all_general_bwd_tiles, general_bwd_tile, mma_bwd_tile,
+};
 
 const BWD_INFO: &str = include_str!("../../../kernels/bwd_info.cuh");
 const BWD_ROWS: &str = include_str!("../../../kernels/flash_bwd_rows.cu");
 const BWD_GENERAL: &str = include_str!("../../../kernels/flash_bwd_general.cu");
+const MMA: &str = include_str!("../../../kernels/mma.cuh");
+const BWD_MMA: &str = include_str!("../../../kernels/flash_bwd_mma.cu");
 
 /// Threads (and query rows × 32) per block of the row passes (`ROW_THREADS` in
 /// `kernels/flash_bwd_rows.cu`).
@@ -50,6 +56,37 @@ pub(crate) enum BwdKernel {
     Post,
     /// The CUDA-core key-block kernel.
     General(GeneralBwdTile),
+    /// The tensor-core key-block kernel.
+    Mma(MmaBwdTile),
+}
+
+impl BwdKernel {
+    /// Keys a block, threads a block and shared memory of the kernel.
+    fn shape(&self) -> (usize, usize, usize) {
+        match self {
+            BwdKernel::General(t) => (t.keys, GENERAL_BWD_THREADS, t.shared_bytes()),
+            BwdKernel::Mma(t) => (t.keys(), 32 * MMA_BWD_WARPS, t.shared_bytes()),
+            BwdKernel::Pre | BwdKernel::Post => (0, ROW_THREADS, 0),
+        }
+    }
+}
+
+/// The key-block kernel for `p`: the tensor-core one (unless switched off on this thread) for
+/// f16/bf16 with head dims that are multiples of 8 up to [`MMA_BWD_MAX_HEAD_DIM`] and rows of q,
+/// k, v, dout, dk, dv that start on 16-byte boundaries (`strides` in elements, `addresses` in
+/// bytes), else the CUDA-core one.
+fn choose(p: &Problem, strides: &[[usize; 3]], addresses: &[u64], max_shared: usize) -> BwdKernel {
+    let half = matches!(p.dtype, DType::F16 | DType::BF16) && MMA_BACKWARD.get();
+    let dims_ok = [p.head_dim, p.head_dim_v]
+        .iter()
+        .all(|&d| d % 8 == 0 && d <= MMA_BWD_MAX_HEAD_DIM);
+    let aligned =
+        strides.iter().flatten().all(|s| s % 8 == 0) && addresses.iter().all(|a| a % 16 == 0);
+    let tile = mma_bwd_tile(p.head_dim, p.head_dim_v);
+    if half && dims_ok && aligned && tile.shared_bytes() <= max_shared {
+        return BwdKernel::Mma(tile);
+    }
+    BwdKernel::General(general_bwd_tile(p.head_dim, p.head_dim_v, max_shared))
 }
 
 /// The score options of the backward (a non-positive scale needs no code of its own here).
@@ -64,9 +101,9 @@ fn options_of(p: &Problem) -> Options {
 pub(crate) fn kernel_source(kernel: BwdKernel, dtype: DType, opts: Options) -> KernelSource {
     let (elem, tname) = dtype_define(dtype);
     let mut code = format!("#define {elem} 1\n{}", opts.defines());
-    let (name, entry, body) = match kernel {
-        BwdKernel::Pre => (format!("bwd_pre_{tname}"), "flash_bwd_pre", BWD_ROWS),
-        BwdKernel::Post => (format!("bwd_post_{tname}"), "flash_bwd_post", BWD_ROWS),
+    let (name, entry, bodies): (String, &str, &[&str]) = match kernel {
+        BwdKernel::Pre => (format!("bwd_pre_{tname}"), "flash_bwd_pre", &[BWD_ROWS]),
+        BwdKernel::Post => (format!("bwd_post_{tname}"), "flash_bwd_post", &[BWD_ROWS]),
         BwdKernel::General(t) => {
             code += &format!(
                 "#define DQK_MAX {}\n#define DV_MAX {}\n#define BKB {}\n#define BQB {}\n",
@@ -80,10 +117,24 @@ pub(crate) fn kernel_source(kernel: BwdKernel, dtype: DType, opts: Options) -> K
                 t.rows,
                 opts.suffix()
             );
-            (name, "flash_bwd_general", BWD_GENERAL)
+            (name, "flash_bwd_general", &[BWD_GENERAL])
+        }
+        BwdKernel::Mma(t) => {
+            code += &format!(
+                "#define DQK {}\n#define DV {}\n#define BQB {}\n#define NWARPS {}\n",
+                t.dqk, t.dv, t.rows, MMA_BWD_WARPS
+            );
+            let name = format!(
+                "bwd_mma_{tname}_d{}x{}_q{}{}",
+                t.dqk,
+                t.dv,
+                t.rows,
+                opts.suffix()
+            );
+            (name, "flash_bwd_mma", &[MMA, BWD_MMA])
         }
     };
-    code += &[&HEADERS[..], &[BWD_INFO, body]].concat().join("\n");
+    code += &[&HEADERS[..], &[BWD_INFO], bodies].concat().join("\n");
     KernelSource {
         name,
         code,
@@ -116,8 +167,48 @@ pub fn kernel_sources() -> Vec<KernelSource> {
                 Options::default(),
             ));
         }
+        if dtype == DType::F32 {
+            continue;
+        }
+        for d in (16..=MMA_BWD_MAX_HEAD_DIM).step_by(16) {
+            out.push(kernel_source(
+                BwdKernel::Mma(mma_bwd_tile(d, d)),
+                dtype,
+                all,
+            ));
+        }
+        let mask = Options {
+            mask: true,
+            ..Options::default()
+        };
+        for d in [64, 128] {
+            let t = BwdKernel::Mma(mma_bwd_tile(d, d));
+            out.push(kernel_source(t, dtype, Options::default()));
+            out.push(kernel_source(t, dtype, mask));
+        }
     }
     out
+}
+
+thread_local! {
+    /// Whether this thread's backward calls may take the tensor-core kernel.
+    static MMA_BACKWARD: Cell<bool> = const { Cell::new(true) };
+    /// The key-block kernel of this thread's last backward launch.
+    static LAST_VARIANT: Cell<Option<(BwdKernel, DType, Options)>> = const { Cell::new(None) };
+}
+
+/// Test support: on this thread, lets f16/bf16 backward problems take the tensor-core kernel
+/// (on, the default) or sends every problem to the CUDA-core kernel (off).
+pub fn set_mma_backward(on: bool) {
+    MMA_BACKWARD.set(on);
+}
+
+/// Test support: the name of the key-block kernel this thread's last backward launched
+/// (`bwd_mma_…` or `bwd_general_…`), or `None` before any.
+pub fn last_cuda_backward_kernel() -> Option<String> {
+    LAST_VARIANT
+        .get()
+        .map(|(kernel, dtype, opts)| kernel_source(kernel, dtype, opts).name)
 }
 
 type ReadyKey = (usize, BwdKernel, DType, Options);
@@ -262,9 +353,13 @@ fn queue(g: &Arc<Gpu>, p: &Problem, x: BackwardInputs<'_>, grads: &mut Gradients
 
     let opts = options_of(p);
     let rows = grid_of(p, ROW_THREADS / 32)?;
-    let tile = general_bwd_tile(p.head_dim, p.head_dim_v, g.max_shared_per_block);
+    let strides = [&p.q, &p.k, &p.v, &layouts.dout, &layouts.dk, &layouts.dv]
+        .map(|l| [l.batch, l.row, l.head]);
+    let addresses = [ptr.q, ptr.k, ptr.v, bptr.dout, bptr.dk, bptr.dv];
+    let main = choose(p, &strides, &addresses, g.max_shared_per_block);
+    let (block_keys, main_threads, main_shared) = main.shape();
     let keys = (
-        p.max_nk.div_ceil(tile.keys) as u32,
+        p.max_nk.div_ceil(block_keys) as u32,
         p.heads_kv as u32,
         p.batch as u32,
     );
@@ -275,12 +370,7 @@ fn queue(g: &Arc<Gpu>, p: &Problem, x: BackwardInputs<'_>, grads: &mut Gradients
             ROW_THREADS,
             0,
         ),
-        (
-            BwdKernel::General(tile),
-            keys,
-            GENERAL_BWD_THREADS,
-            tile.shared_bytes(),
-        ),
+        (main, keys, main_threads, main_shared),
         (BwdKernel::Post, rows, ROW_THREADS, 0),
     ];
     for (kernel, grid, threads, shared) in steps {
@@ -314,6 +404,7 @@ fn queue(g: &Arc<Gpu>, p: &Problem, x: BackwardInputs<'_>, grads: &mut Gradients
         // and `shared` bytes were allowed when the kernel was loaded.
         unsafe { launch.launch(cfg) }.map_err(Gpu::err("launching a backward kernel"))?;
     }
+    LAST_VARIANT.set(Some((main, p.dtype, opts)));
     drop((extras, delta, accum, lse));
     Ok(())
 }

@@ -1,5 +1,8 @@
-//! The backward's tile table: which keys a block owns and how many query rows pass by at a time,
-//! per padded head dim, as plain functions of the head dims and the shared-memory limit.
+//! The backward's tile table: which kernel runs, which keys a block owns and how many query rows
+//! pass by at a time, per padded head dim, as plain functions of the head dims and the
+//! shared-memory limit. f16/bf16 with head dims that are multiples of 8 up to
+//! [`MMA_BWD_MAX_HEAD_DIM`] and 16-byte-aligned rows run on the tensor-core kernel; the rest on the
+//! CUDA-core kernel.
 //!
 //! CUDA-core kernel (`kernels/flash_bwd_general.cu`, 128 threads), keys × query rows:
 //! - D ≤ 64: 64 × 64 (each thread keeps 32 + 32 f32 of dK/dV: 2 threads a key).
@@ -8,6 +11,46 @@
 //! - D ≤ 512: 16 × 8 (8 threads a key: 64 + 64 f32; 8 query rows keep dQ's share at 32).
 //! - Where a tile's shared memory (K, V, Q, dO as f32, P and dS) does not fit: the next smaller
 //!   one listed for that head dim.
+
+/// Tensor-core kernel (`kernels/flash_bwd_mma.cu`, f16/bf16, 4 warps, 16 keys a warp: 64 keys a
+/// block), query rows a step:
+/// - D ≤ 64: 64 (a warp keeps 32 + 32 f32 of dK/dV and 32 + 32 of Sᵀ, dPᵀ).
+/// - D ≤ 128: 32 (64 + 64 f32 of dK/dV; Sᵀ, dPᵀ 16 + 16).
+/// - D > 128: the CUDA-core kernel (dK and dV of 16 keys no longer fit a warp's registers).
+pub(crate) const MMA_BWD_MAX_HEAD_DIM: usize = 128;
+
+/// Warps per block of the tensor-core backward kernel.
+pub(crate) const MMA_BWD_WARPS: usize = 4;
+
+/// A tile of the tensor-core backward kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct MmaBwdTile {
+    /// Head dims padded to a multiple of 16 (Q/K, V).
+    pub dqk: usize,
+    pub dv: usize,
+    /// Query rows per step.
+    pub rows: usize,
+}
+
+impl MmaBwdTile {
+    /// Keys per block.
+    pub(crate) fn keys(&self) -> usize {
+        16 * MMA_BWD_WARPS
+    }
+
+    /// Dynamic shared memory: K, V, Q, dO and dS (16-bit, rows padded by 8), LSE and D (f32).
+    pub(crate) fn shared_bytes(&self) -> usize {
+        let (pqk, pv, ps) = (self.dqk + 8, self.dv + 8, self.keys() + 8);
+        2 * ((self.keys() + self.rows) * (pqk + pv) + self.rows * ps) + 8 * self.rows
+    }
+}
+
+/// The tensor-core tile for head dims `dqk`, `dv` (at most [`MMA_BWD_MAX_HEAD_DIM`]).
+pub(crate) fn mma_bwd_tile(dqk: usize, dv: usize) -> MmaBwdTile {
+    let (dqk, dv) = (padded(dqk), padded(dv));
+    let rows = if dqk.max(dv) <= 64 { 64 } else { 32 };
+    MmaBwdTile { dqk, dv, rows }
+}
 
 /// Threads per block of the CUDA-core backward kernel.
 pub(crate) const GENERAL_BWD_THREADS: usize = 128;
@@ -84,6 +127,19 @@ pub(crate) fn all_general_bwd_tiles(dqk: usize, dv: usize) -> Vec<GeneralBwdTile
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The tensor-core tiles fit 99 KiB and split dQ's 16-row slices evenly among the warps.
+    #[test]
+    fn mma_tiles_fit_and_share_dq_evenly() {
+        for d in (8..=MMA_BWD_MAX_HEAD_DIM).step_by(8) {
+            for dv in [8, d, MMA_BWD_MAX_HEAD_DIM] {
+                let t = mma_bwd_tile(d, dv);
+                assert!(t.shared_bytes() <= 99 * 1024, "{t:?}");
+                assert_eq!(t.rows % 16, 0);
+                assert_eq!(MMA_BWD_WARPS % (t.rows / 16), 0, "{t:?}");
+            }
+        }
+    }
 
     /// Every head dim up to 512 gets a tile that fits 99 KiB (sm_86/89) and divides the block's
     /// threads evenly among its keys and rows and their columns.
