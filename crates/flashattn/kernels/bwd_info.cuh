@@ -20,6 +20,11 @@ struct BwdParams {
     i64 accum_batch;   // dq_accum elements between sequences (0 when packed)
     i64 accum_len;     // elements of dq_accum
     i64 dbias_len;     // elements of dbias (0 without a bias)
+    // Deterministic mode with a bias broadcast over query rows: dq_accum holds its partial sums
+    // [batch or 1][heads or 1][query block][seqlen_k or 1], per query block of the dQ pass.
+    i64 part_batch, part_head, part_block;  // strides (0 along the bias' broadcast dims)
+    i64 part_blocks;                        // query blocks
+    i64 dbias_heads, dbias_cols;            // the bias' head and key dims (1 when broadcast)
 };
 
 // Row `i` of this (batch, head) in dout, dq, and its f32 dQ accumulator.
@@ -55,4 +60,20 @@ __device__ __forceinline__ float* dbias_at(const BwdParams& bp, const SeqInfo& s
 // `*addr += v` in global memory, atomically, nothing returned.
 __device__ __forceinline__ void atomic_add_f32(float* addr, float v) {
     asm volatile("red.global.add.f32 [%0], %1;" ::"l"(addr), "f"(v));
+}
+
+// The deterministic dQ pass's partial bias gradient of query block `blk`, key `j`.
+__device__ __forceinline__ float* part_at(const BwdParams& bp, const SeqInfo& s, int blk, int j) {
+    return bp.dq_accum + s.b * bp.part_batch + s.h * bp.part_head + (i64)blk * bp.part_block + (i64)j * bp.dbias_col;
+}
+
+// Loads `rows` x `cols` elements (row stride `stride`) as f32 into a ROWS x pitch tile in shared
+// memory, zero-filling the rest of its ROWS x width part, by the NT threads of the block.
+template <int ROWS, int NT>
+__device__ __forceinline__ void load_rows_f32(float* dst, int pitch, int width, const elem_t* src,
+                                              i64 stride, int rows, int cols) {
+    for (int idx = threadIdx.x; idx < ROWS * width; idx += NT) {
+        const int r = idx / width, c = idx - r * width;
+        dst[r * pitch + c] = (r < rows && c < cols) ? to_f32(src[r * stride + c]) : 0.f;
+    }
 }

@@ -8,24 +8,14 @@
 // A row whose LSE is −inf saw no key: its P is 0 (not exp(−inf − (−inf))), so it adds nothing.
 //
 // Tile defines: DQK_MAX, DV_MAX (head dims rounded up to a multiple of 16), BKB (keys a block),
-// BQB (query rows a step); src/cuda/backward/tiles.rs picks them.
+// BQB (query rows a step); src/cuda/backward/tiles.rs picks them. DETERMINISTIC 1 leaves dQ and
+// dbias to the fixed-order pass of flash_bwd_dq.cu (no atomics here).
 
 #define BT 128                  // threads per block
 #define TPK (BT / BKB)          // threads sharing one key's dK/dV row
 #define TPR (BT / BQB)          // threads sharing one query row's dQ
 #define PQK (DQK_MAX + 1)       // odd pitches: consecutive keys (rows) fall in distinct banks
 #define PV (DV_MAX + 1)
-
-// Loads `rows` x `cols` elements (row stride `stride`) as f32 into a ROWS x pitch tile,
-// zero-filling the rest of its ROWS x width part.
-template <int ROWS>
-__device__ __forceinline__ void load_rows_f32(float* dst, int pitch, int width, const elem_t* src,
-                                              i64 stride, int rows, int cols) {
-    for (int idx = threadIdx.x; idx < ROWS * width; idx += BT) {
-        const int r = idx / width, c = idx - r * width;
-        dst[r * pitch + c] = (r < rows && c < cols) ? to_f32(src[r * stride + c]) : 0.f;
-    }
-}
 
 extern "C" __global__ void __launch_bounds__(BT) flash_bwd_general(const BwdParams bp) {
     extern __shared__ __align__(16) float bsmem[];
@@ -44,8 +34,8 @@ extern "C" __global__ void __launch_bounds__(BT) flash_bwd_general(const BwdPara
     const int j0 = blockIdx.x * BKB;
     if (j0 >= s0.nk) return;
     const int nkb = min(BKB, s0.nk - j0);
-    load_rows_f32<BKB>(sK, PQK, DQK_MAX, k_rows(p, s0) + (i64)j0 * p.k_row, p.k_row, nkb, p.head_dim);
-    load_rows_f32<BKB>(sV, PV, DV_MAX, v_rows(p, s0) + (i64)j0 * p.v_row, p.v_row, nkb, p.head_dim_v);
+    load_rows_f32<BKB, BT>(sK, PQK, DQK_MAX, k_rows(p, s0) + (i64)j0 * p.k_row, p.k_row, nkb, p.head_dim);
+    load_rows_f32<BKB, BT>(sV, PV, DV_MAX, v_rows(p, s0) + (i64)j0 * p.v_row, p.v_row, nkb, p.head_dim_v);
 
     // This thread's share of dK/dV: key kc, columns kw + TPK·u; of dQ: row qr, columns qw + TPR·u.
     const int kc = tid / TPK, kw = tid % TPK, qr = tid / TPR, qw = tid % TPR;
@@ -63,8 +53,8 @@ extern "C" __global__ void __launch_bounds__(BT) flash_bwd_general(const BwdPara
         for (int i0 = r_first; i0 < r_end; i0 += BQB) {
             const int nqb = min(BQB, s.nq - i0);
             __syncthreads();  // the previous step's tiles are no longer read
-            load_rows_f32<BQB>(sQ, PQK, DQK_MAX, q_row(p, s, i0), p.q_row, nqb, p.head_dim);
-            load_rows_f32<BQB>(sdO, PV, DV_MAX, dout_row(bp, s, i0), bp.dout_row, nqb, p.head_dim_v);
+            load_rows_f32<BQB, BT>(sQ, PQK, DQK_MAX, q_row(p, s, i0), p.q_row, nqb, p.head_dim);
+            load_rows_f32<BQB, BT>(sdO, PV, DV_MAX, dout_row(bp, s, i0), bp.dout_row, nqb, p.head_dim_v);
             for (int r = tid; r < BQB; r += BT) {
                 sL[r] = r < nqb ? p.lse[lse_index(p, s, i0 + r)] : NEG_INF;
                 sD[r] = r < nqb ? bp.delta[lse_index(p, s, i0 + r)] : 0.f;
@@ -81,7 +71,7 @@ extern "C" __global__ void __launch_bounds__(BT) flash_bwd_general(const BwdPara
                     const float x = score_mods(p, s, dot, i, j, slope, bias_row_ptr(p, s, i));
                     pr = exp2f(x * LOG2E - sL[r] * LOG2E);
                     ds = pr * (dp - sD[r]);
-#if HAS_BIAS
+#if HAS_BIAS && !DETERMINISTIC
                     atomic_add_f32(dbias_at(bp, s, i, j), ds);
 #endif
                     ds *= score_mods_grad(p, dot);
@@ -100,7 +90,7 @@ extern "C" __global__ void __launch_bounds__(BT) flash_bwd_general(const BwdPara
 #pragma unroll
                 for (int u = 0; u < DQK_MAX / TPK; ++u) dk[u] = fmaf(ds, sQ[r * PQK + kw + TPK * u], dk[u]);
             }
-            if (qr < nqb) {
+            if (!DETERMINISTIC && qr < nqb) {
                 float dq[DQK_MAX / TPR];
 #pragma unroll
                 for (int u = 0; u < DQK_MAX / TPR; ++u) dq[u] = 0.f;

@@ -157,7 +157,7 @@ extern "C" __global__ void __launch_bounds__(NT) flash_bwd_mma(const BwdParams b
                         const float x = score_mods(p, s, dot, i, j, slope, bias_row_ptr(p, s, i));
                         pr = exp2f(x * LOG2E - sL[r] * LOG2E);
                         ds = pr * (dpt[n][e] - sD[r]);
-#if HAS_BIAS
+#if HAS_BIAS && !DETERMINISTIC
                         atomic_add_f32(dbias_at(bp, s, i, j), ds);
 #endif
                         ds *= score_mods_grad(p, dot);
@@ -176,7 +176,7 @@ extern "C" __global__ void __launch_bounds__(NT) flash_bwd_mma(const BwdParams b
             __syncthreads();  // every warp's dS is in shared memory
 
             const int r0 = 16 * qs;
-            if (r0 < nqb) {
+            if (!DETERMINISTIC && r0 < nqb) {
                 u32 a[BKB / 16][4];
                 const u32 ds_lane = smem_addr(sdS) + ((r0 + (lane & 15)) * PS + (lane >> 4) * 8) * 2;
 #pragma unroll

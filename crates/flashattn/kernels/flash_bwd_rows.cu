@@ -1,6 +1,8 @@
 // The backward's passes over query rows, before and after the key-block kernel: `flash_bwd_pre`
 // computes D = rowsum(dO∘O) in f32 and zeroes the f32 dQ accumulator and the bias gradient (both
-// are summed into with atomics); `flash_bwd_post` writes dq = scale · dQ in dq's dtype and strides.
+// are summed into); `flash_bwd_post` writes dq = scale · dQ in dq's dtype and strides;
+// `flash_bwd_dbias_sum` (deterministic mode, a bias broadcast over query rows) sums the dQ pass's
+// partial bias gradients over the query blocks, in order.
 // Grid: (query rows / ROWS_PER_BLOCK, query heads, batch); one warp per row.
 
 #define ROW_THREADS 128
@@ -38,4 +40,15 @@ extern "C" __global__ void __launch_bounds__(ROW_THREADS) flash_bwd_post(const B
     const float* acc = accum_row(bp, s, i);
     elem_t* dq = dq_row(bp, s, i);
     for (int c = lane; c < p.head_dim; c += 32) dq[c] = from_f32(acc[c] * p.scale);
+}
+
+extern "C" __global__ void __launch_bounds__(ROW_THREADS) flash_bwd_dbias_sum(const BwdParams bp) {
+    for (i64 e = grid_thread(); e < bp.dbias_len; e += grid_threads()) {
+        const i64 j = e % bp.dbias_cols, rest = e / bp.dbias_cols;
+        const i64 h = rest % bp.dbias_heads, b = rest / bp.dbias_heads;
+        const float* part = bp.dq_accum + b * bp.part_batch + h * bp.part_head + j * bp.dbias_col;
+        float sum = 0.f;
+        for (i64 blk = 0; blk < bp.part_blocks; ++blk) sum += part[blk * bp.part_block];
+        bp.dbias[e] = sum;
+    }
 }

@@ -258,3 +258,66 @@ fn kernel_choice() {
         assert!(kernel.starts_with(want), "{dtype} d {d}/{dv}: {kernel}");
     }
 }
+
+/// Deterministic mode: two backward calls give the same bits (dq, dk, dv, dbias), on the
+/// tensor-core and CUDA-core key-block kernels, with biases broadcast over every combination of
+/// dims (each walks a different path of the dQ pass), GQA and varlen; and the gradients meet the
+/// bounds.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn deterministic_gradients_repeat_bitwise() {
+    let base = |n: usize, d: usize| {
+        Case::new(203, 113, d)
+            .batch(2)
+            .heads(4, 2)
+            .dtype(DTYPES[n % 3])
+    };
+    let cases = [
+        base(0, 64).causal().bias([true, false, true, true]),
+        base(1, 64).bias([false, false, false, true]).softcap(4.0),
+        base(2, 128)
+            .window(Some(30), Some(7))
+            .bias([true, true, false, false]),
+        base(3, 256)
+            .bias([false, false, false, false])
+            .alibi(Alibi::PerHead),
+        base(4, 32).layout(Layout::Bhnd),
+        base(5, 80).bias([true, true, true, true]).scale(-0.2),
+        Case::new(0, 0, 48)
+            .varlen(&[(5, 7), (63, 64), (0, 3), (113, 65)])
+            .heads(4, 2)
+            .causal()
+            .bias([false, true, true, false])
+            .dtype(DType::F16),
+    ];
+    let bits = |g: &Gradients| {
+        let mut all = vec![
+            common::bits(&g.dq),
+            common::bits(&g.dk),
+            common::bits(&g.dv),
+        ];
+        all.extend(g.dbias.as_ref().map(common::bits));
+        all
+    };
+    for (n, case) in cases.iter().enumerate() {
+        let mut x = case.inputs(&mut rng(290_000 + n as u64));
+        x.p = x.p.clone().deterministic(true);
+        let g = to_device(&x, GPU);
+        let f = forward(&g.q, &g.k, &g.v, &g.p).unwrap();
+        poison();
+        let first = backward(&g.q, &g.k, &g.v, &f.out, &f.lse, &g.dout, &g.p).unwrap();
+        let kernel = last_cuda_backward_kernel().expect("a backward ran");
+        assert!(kernel.ends_with("_det"), "{kernel}");
+        poison();
+        let second = backward(&g.q, &g.k, &g.v, &f.out, &f.lse, &g.dout, &g.p).unwrap();
+        assert!(
+            bits(&first) == bits(&second),
+            "#{n} {kernel}: gradients differ between runs"
+        );
+        let out = f.out.to_device(Device::Cpu).unwrap();
+        for e in gradient_errors(case, &x, &out, &first, [&g.q, &g.k, &g.v]) {
+            println!("deterministic #{n} {kernel}: {e:?}");
+            assert!(e.err <= e.bound, "#{n} {kernel}: {e:?}");
+        }
+    }
+}
