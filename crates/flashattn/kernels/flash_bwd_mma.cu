@@ -7,6 +7,8 @@
 //   dV += Pᵀ·dO, dK += dSᵀ·Q         (Pᵀ, dSᵀ re-packed in registers as A operands)
 //   dQ += dS·K                       (dS through shared memory; f32 atomics into dq_accum)
 // P and dS are rounded to the element type for the products, as a framework's backward does.
+// The steps (query head, BQB rows) run as one sequence whose Q and dO tiles are double-buffered:
+// step t+1's cp.async load is issued before step t's products.
 //
 // Tile defines: DQK, DV (head dims padded to multiples of 16), NWARPS, BQB (query rows a step:
 // 16 times a divisor of NWARPS, so that the warps share the dQ product evenly). Needs head dims
@@ -95,12 +97,13 @@ __device__ __forceinline__ void store_rows(elem_t* dst, i64 stride, const float 
 
 extern "C" __global__ void __launch_bounds__(NT) flash_bwd_mma(const BwdParams bp) {
     extern __shared__ __align__(16) u16 smem[];
+    // K, V, then two (Q, dO) buffers: step t+1's load overlaps step t's products.
     const u32 sK = smem_addr(smem);
     const u32 sV = sK + BKB * PQK * 2;
-    const u32 sQ = sV + BKB * PV * 2;
-    const u32 sdO = sQ + BQB * PQK * 2;
-    u16* sdS = smem + (BKB * PQK + BKB * PV + BQB * PQK + BQB * PV);  // BQB x PS, query-major
-    float* sL = (float*)(sdS + BQB * PS);
+    const u32 sQ0 = sV + BKB * PV * 2;
+    const u32 QDO_BYTES = BQB * (PQK + PV) * 2;
+    u16* sdS = smem + (BKB * PQK + BKB * PV + 2 * BQB * (PQK + PV));  // BQB x PS, query-major
+    float* sL = (float*)(sdS + BQB * PS);  // LSE · log2(e) of the step's rows
     float* sD = sL + BQB;
 
     const FlashParams& p = bp.f;
@@ -111,7 +114,6 @@ extern "C" __global__ void __launch_bounds__(NT) flash_bwd_mma(const BwdParams b
     if (j0 >= s0.nk) return;
     load_tile_async<BKB, DQK, PQK, NT>(sK, k_rows(p, s0) + (i64)j0 * p.k_row, p.k_row, s0.nk - j0, p.head_dim, tid);
     load_tile_async<BKB, DV, PV, NT>(sV, v_rows(p, s0) + (i64)j0 * p.v_row, p.v_row, s0.nk - j0, p.head_dim_v, tid);
-    cp_async_commit();
 
     const int kw0 = 16 * warp;  // this warp's first key within the block
     float dk[DQK / 8][4], dv[DV / 8][4];
@@ -120,84 +122,99 @@ extern "C" __global__ void __launch_bounds__(NT) flash_bwd_mma(const BwdParams b
     // This warp's share of dQ: query slice `qs`, 16-column chunks qc0, qc0 + SLICE_WARPS, ...
     const int qs = warp / SLICE_WARPS, qc0 = warp % SLICE_WARPS;
 
+    // The steps: BQB query rows of each query head of the group that see the block.
     int r_first, r_end;
     query_rows(p, s0, j0, j0 + BKB, &r_first, &r_end);
-    for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-        const SeqInfo s = seq_info_at(p, b, h);
+    const int per_head = (r_end - r_first + BQB - 1) / BQB, steps = per_head * p.group;
+    auto step_seq = [&](int it) { return seq_info_at(p, b, hk * p.group + it / per_head); };
+    auto step_row = [&](int it) { return r_first + (it % per_head) * BQB; };
+    auto load_step = [&](int it) {
+        if (it < steps) {
+            const SeqInfo s = step_seq(it);
+            const int i0 = step_row(it), n = s.nq - i0;
+            const u32 q = sQ0 + (it & 1) * QDO_BYTES, o = q + BQB * PQK * 2;
+            load_tile_async<BQB, DQK, PQK, NT>(q, q_row(p, s, i0), p.q_row, n, p.head_dim, tid);
+            load_tile_async<BQB, DV, PV, NT>(o, dout_row(bp, s, i0), bp.dout_row, n, p.head_dim_v, tid);
+        }
+        cp_async_commit();
+    };
+    load_step(0);  // one group: K, V and step 0
+
+    for (int it = 0; it < steps; ++it) {
+        const SeqInfo s = step_seq(it);
+        const int i0 = step_row(it), nqb = min(BQB, s.nq - i0);
+        const u32 sQ = sQ0 + (it & 1) * QDO_BYTES, sdO = sQ + BQB * PQK * 2;
+        __syncthreads();  // step it-1 no longer reads its Q/dO buffer, dS, LSE or D
+        load_step(it + 1);
+        for (int r = tid; r < BQB; r += NT) {
+            sL[r] = r < nqb ? p.lse[lse_index(p, s, i0 + r)] * LOG2E : NEG_INF;
+            sD[r] = r < nqb ? bp.delta[lse_index(p, s, i0 + r)] : 0.f;
+        }
+        cp_async_wait<1>();  // step it's group landed (step it+1's may be in flight)
+        __syncthreads();
+
+        float st[BQB / 8][4], dpt[BQB / 8][4];
+        zero<BQB>(st);
+        zero<BQB>(dpt);
+        mma_abt<BQB, DQK, PQK, PQK>(st, sK + kw0 * PQK * 2, sQ, lane);
+        mma_abt<BQB, DV, PV, PV>(dpt, sV + kw0 * PV * 2, sdO, lane);
+
+        // Element (n, e): key kw0 + g + 8·(e >> 1), query 8n + 2t + (e & 1) of the step. Steps
+        // whose rows all see all of the block's keys skip the mask.
         const float slope = alibi_slope(p, s);
-        for (int i0 = r_first; i0 < r_end; i0 += BQB) {
-            const int nqb = min(BQB, s.nq - i0);
-            __syncthreads();  // the previous step's Q, dO and dS are no longer read
-            load_tile_async<BQB, DQK, PQK, NT>(sQ, q_row(p, s, i0), p.q_row, nqb, p.head_dim, tid);
-            load_tile_async<BQB, DV, PV, NT>(sdO, dout_row(bp, s, i0), bp.dout_row, nqb, p.head_dim_v, tid);
-            cp_async_commit();
-            for (int r = tid; r < BQB; r += NT) {
-                sL[r] = r < nqb ? p.lse[lse_index(p, s, i0 + r)] : NEG_INF;
-                sD[r] = r < nqb ? bp.delta[lse_index(p, s, i0 + r)] : 0.f;
-            }
-            cp_async_wait<0>();
-            __syncthreads();
-
-            float st[BQB / 8][4], dpt[BQB / 8][4];
-            zero<BQB>(st);
-            zero<BQB>(dpt);
-            mma_abt<BQB, DQK, PQK, PQK>(st, sK + kw0 * PQK * 2, sQ, lane);
-            mma_abt<BQB, DV, PV, PV>(dpt, sV + kw0 * PV * 2, sdO, lane);
-
-            // Element (n, e): key kw0 + g + 8·(e >> 1), query 8n + 2t + (e & 1) of the step.
+        const bool full = nqb == BQB && block_is_full(p, s, i0, i0 + BQB, j0, BKB);
 #pragma unroll
-            for (int n = 0; n < BQB / 8; ++n)
+        for (int n = 0; n < BQB / 8; ++n)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = 8 * n + 2 * t + (e & 1), i = i0 + r;
-                    const int j = j0 + kw0 + g + 8 * (e >> 1);
-                    const float dot = st[n][e];
-                    float pr = 0.f, ds = 0.f;
-                    if (r < nqb && sL[r] != NEG_INF && visible(p, s, i, j)) {
-                        const float x = score_mods(p, s, dot, i, j, slope, bias_row_ptr(p, s, i));
-                        pr = exp2f(x * LOG2E - sL[r] * LOG2E);
-                        ds = pr * (dpt[n][e] - sD[r]);
+            for (int e = 0; e < 4; ++e) {
+                const int r = 8 * n + 2 * t + (e & 1), i = i0 + r;
+                const int j = j0 + kw0 + g + 8 * (e >> 1);
+                const float dot = st[n][e];
+                float pr = 0.f, ds = 0.f;
+                if (sL[r] != NEG_INF && (full || (r < nqb && visible(p, s, i, j)))) {
+                    const float x = score_mods(p, s, dot, i, j, slope, bias_row_ptr(p, s, i));
+                    pr = fast_exp2(x * LOG2E - sL[r]);
+                    ds = pr * (dpt[n][e] - sD[r]);
 #if HAS_BIAS && !DETERMINISTIC
-                        atomic_add_f32(dbias_at(bp, s, i, j), ds);
+                    atomic_add_f32(dbias_at(bp, s, i, j), ds);
 #endif
-                        ds *= score_mods_grad(p, dot);
-                    }
-                    st[n][e] = pr;
-                    dpt[n][e] = ds;
-                    sdS[r * PS + kw0 + g + 8 * (e >> 1)] = from_f32(ds);
+                    ds *= score_mods_grad(p, dot);
                 }
-            {
-                u32 a[BQB / 16][4];
-                pack_a<BQB>(a, st);
-                mma_ab<DV, BQB, PV>(dv, a, sdO, lane);
-                pack_a<BQB>(a, dpt);
-                mma_ab<DQK, BQB, PQK>(dk, a, sQ, lane);
+                st[n][e] = pr;
+                dpt[n][e] = ds;
+                sdS[r * PS + kw0 + g + 8 * (e >> 1)] = from_f32(ds);
             }
-            __syncthreads();  // every warp's dS is in shared memory
+        {
+            u32 a[BQB / 16][4];
+            pack_a<BQB>(a, st);
+            mma_ab<DV, BQB, PV>(dv, a, sdO, lane);
+            pack_a<BQB>(a, dpt);
+            mma_ab<DQK, BQB, PQK>(dk, a, sQ, lane);
+        }
+        __syncthreads();  // every warp's dS is in shared memory
 
-            const int r0 = 16 * qs;
-            if (!DETERMINISTIC && r0 < nqb) {
-                u32 a[BKB / 16][4];
-                const u32 ds_lane = smem_addr(sdS) + ((r0 + (lane & 15)) * PS + (lane >> 4) * 8) * 2;
+        const int r0 = 16 * qs;
+        if (!DETERMINISTIC && r0 < nqb) {
+            u32 a[BKB / 16][4];
+            const u32 ds_lane = smem_addr(sdS) + ((r0 + (lane & 15)) * PS + (lane >> 4) * 8) * 2;
 #pragma unroll
-                for (int kk = 0; kk < BKB / 16; ++kk) ldmatrix_x4(a[kk], ds_lane + kk * 32);
-                for (int c = qc0; c < DQK / 16; c += SLICE_WARPS) {
-                    float dq[2][4];
-                    zero<16>(dq);
-                    mma_ab<16, BKB, PQK>(dq, a, sK + c * 16 * 2, lane);
+            for (int kk = 0; kk < BKB / 16; ++kk) ldmatrix_x4(a[kk], ds_lane + kk * 32);
+            for (int c = qc0; c < DQK / 16; c += SLICE_WARPS) {
+                float dq[2][4];
+                zero<16>(dq);
+                mma_ab<16, BKB, PQK>(dq, a, sK + c * 16 * 2, lane);
 #pragma unroll
-                    for (int hh = 0; hh < 2; ++hh) {
-                        const int r = r0 + g + 8 * hh;
-                        if (r >= nqb) continue;
-                        float* acc = accum_row(bp, s, i0 + r);
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int r = r0 + g + 8 * hh;
+                    if (r >= nqb) continue;
+                    float* acc = accum_row(bp, s, i0 + r);
 #pragma unroll
-                        for (int n = 0; n < 2; ++n)
+                    for (int n = 0; n < 2; ++n)
 #pragma unroll
-                            for (int e = 0; e < 2; ++e) {
-                                const int col = c * 16 + n * 8 + 2 * t + e;
-                                if (col < p.head_dim) atomic_add_f32(acc + col, dq[n][2 * hh + e]);
-                            }
-                    }
+                        for (int e = 0; e < 2; ++e) {
+                            const int col = c * 16 + n * 8 + 2 * t + e;
+                            if (col < p.head_dim) atomic_add_f32(acc + col, dq[n][2 * hh + e]);
+                        }
                 }
             }
         }

@@ -198,7 +198,9 @@ fn backward_into_padded_gradients() {
         let out = f.out.to_device(Device::Cpu).unwrap();
         for call in 0..2 {
             backward_into(&g.q, &g.k, &g.v, &f.out, &f.lse, &g.dout, &g.p, &mut grads).unwrap();
-            for e in gradient_errors(case, &x, &out, &grads, [&g.q, &g.k, &g.v]) {
+            // The gradients keep the caller's (padded) layout, whatever q, k, v's.
+            let like = [&grads.dq, &grads.dk, &grads.dv].map(|t| t.clone());
+            for e in gradient_errors(case, &x, &out, &grads, [&like[0], &like[1], &like[2]]) {
                 println!("backward_into case {i} call {call}: {e:?}");
                 assert!(e.err <= e.bound, "case {i} call {call}: {e:?}");
             }

@@ -38,10 +38,11 @@ impl MmaBwdTile {
         16 * MMA_BWD_WARPS
     }
 
-    /// Dynamic shared memory: K, V, Q, dO and dS (16-bit, rows padded by 8), LSE and D (f32).
+    /// Dynamic shared memory: K, V, two Q and dO buffers, dS (16-bit, rows padded by 8), LSE and
+    /// D (f32).
     pub(crate) fn shared_bytes(&self) -> usize {
         let (pqk, pv, ps) = (self.dqk + 8, self.dv + 8, self.keys() + 8);
-        2 * ((self.keys() + self.rows) * (pqk + pv) + self.rows * ps) + 8 * self.rows
+        2 * ((self.keys() + 2 * self.rows) * (pqk + pv) + self.rows * ps) + 8 * self.rows
     }
 }
 
