@@ -58,19 +58,28 @@ __device__ __forceinline__ SeqInfo seq_info_at(const FlashParams& p, int b, int 
 // which then stays in L2 while they run.
 __device__ __forceinline__ SeqInfo seq_info(const FlashParams& p) { return seq_info_at(p, blockIdx.z, blockIdx.y); }
 
-// A persistent kernel's tile `tile` of `rows` query rows: its sequence and first row. Tiles come
-// in sections of whole heads whose K and V together fit in `section_mb` MB (of L2); in a section,
-// query blocks go heaviest first (under a causal mask the last rows see the most keys), each over
-// the section's heads, so blocks that run together share K/V and the light ones fill the tail.
-__device__ __forceinline__ SeqInfo tile_info(const FlashParams& p, int tile, int rows, int section_mb, int* i0) {
-    const int nblocks = (p.nq + rows - 1) / rows, heads = p.heads_q * p.batch;
+// The order of a persistent kernel's tiles of `rows` query rows, fixed for a launch: tiles come in
+// sections of whole heads whose K and V together fit in `section_mb` MB (of L2); in a section, query
+// blocks go heaviest first (under a causal mask the last rows see the most keys), each over the
+// section's heads, so blocks that run together share K/V and the light ones fill the tail.
+struct TileOrder {
+    int rows, nblocks, section;  // query rows a tile, query blocks a head, heads a section
+};
+
+__device__ __forceinline__ TileOrder tile_order(const FlashParams& p, int rows, int section_mb) {
+    const int heads = p.heads_q * p.batch;
     const i64 kv_bytes = (i64)p.nk * (p.head_dim + p.head_dim_v) * 2;  // one key/value head
     const i64 fit = ((i64)section_mb << 20) / (kv_bytes > 0 ? kv_bytes : 1);
-    const int section = (int)min((i64)heads, max((i64)1, fit) * p.group);
-    const int first = tile / (nblocks * section) * section;  // the section's first head
-    const int in = tile - first * nblocks, width = min(section, heads - first);
+    return {rows, (p.nq + rows - 1) / rows, (int)min((i64)heads, max((i64)1, fit) * p.group)};
+}
+
+// Tile `tile` in order `o`: its sequence and first row.
+__device__ __forceinline__ SeqInfo tile_info(const FlashParams& p, const TileOrder& o, int tile, int* i0) {
+    const int heads = p.heads_q * p.batch;
+    const int first = tile / (o.nblocks * o.section) * o.section;  // the section's first head
+    const int in = tile - first * o.nblocks, width = min(o.section, heads - first);
     const int bh = first + in % width;
-    *i0 = (nblocks - 1 - in / width) * rows;
+    *i0 = (o.nblocks - 1 - in / width) * o.rows;
     return seq_info_at(p, bh / p.heads_q, bh % p.heads_q);
 }
 

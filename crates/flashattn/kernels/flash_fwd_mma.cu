@@ -13,7 +13,6 @@
 #define MT (BR / (16 * NWARPS))
 #define PQK (DQK + 8)  // row pitch of Q/K tiles: +16 bytes so ldmatrix rows hit distinct banks
 #define PV (DV + 8)
-#define SCORE_MODS (HAS_SOFTCAP || HAS_ALIBI || HAS_BIAS || NONPOS_SCALE)
 
 // S[mt][n] = Q_warp . K_block^T for this warp's MT row slices.
 // sQw, sKb: shared byte addresses of this warp's first Q row and of the K block. Each lane's
@@ -171,38 +170,7 @@ extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS) flash_fwd_mma(const
         scores_qk(sc, qf, sQw, sK + (it & 1) * BC * PQK * 2, lane);
 
         const bool full = block_is_full(p, s, i0, i1, j0, BC);
-#if SCORE_MODS
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int i = i0 + wrow0 + mt * 16 + g + 8 * h;
-                const float* brow = bias_row_ptr(p, s, i);
-#pragma unroll
-                for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int j = j0 + n * 8 + 2 * t + e;
-                        float x = score_mods(p, s, sc[mt][n][2 * h + e], i, j, slope, brow);
-                        if (!full && !visible(p, s, i, j)) x = NEG_INF;
-                        sc[mt][n][2 * h + e] = x;
-                    }
-            }
-#else
-        if (!full) {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int i = i0 + wrow0 + mt * 16 + g + 8 * h;
-#pragma unroll
-                    for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e)
-                            if (!visible(p, s, i, j0 + n * 8 + 2 * t + e)) sc[mt][n][2 * h + e] = NEG_INF;
-                }
-        }
-#endif
+        mods_and_mask<MT, BC / 8>(p, s, &sc[0][0][0], i0 + wrow0 + g, j0, t, full, slope);
 
         // Online softmax with a lazy reference max (softmax_max_moves, slack RESCALE_SLACK): a warp
         // whose rows all keep their reference skips the rescale of O.

@@ -12,18 +12,17 @@
 //
 // Defines: ELEM_BF16 or ELEM_F16; DQK, DV (head dims padded to a multiple of 64; DV in {64, 128,
 // 192, 256}); BC, keys a block (32, 64 or 128); NWG in {2, 3} and BR = 64 NWG; STAGES >= 2;
-// PINGPONG (0/1, NWG = 2); RESCALE_SLACK; SECTION_MB (tile_info's L2 section, default 8); the
+// PINGPONG (0/1, NWG = 2); RESCALE_SLACK; SECTION_MB (tile_order's L2 section, default 8); the
 // option flags of mask.cuh and NONPOS_SCALE.
 // Parameters: FlashParams, the tensor maps of Q, K, V (rank 4: head dim, rows, heads, batch;
 // boxes of 64 x BR for Q, 64 x BC for K and V), and `sched`, two ints that are 0 before the first
 // launch (each launch leaves them 0) and that no launch running at the same time shares.
-// Persistent: a grid of at most one block per SM (tile_info numbers the tiles), 128 (NWG + 1)
+// Persistent: a grid of at most one block per SM (tile_order numbers the tiles), 128 (NWG + 1)
 // threads, WGMMA_SMEM bytes of dynamic shared memory.
 
 #ifndef SECTION_MB
 #define SECTION_MB 8
 #endif
-#define SCORE_MODS (HAS_SOFTCAP || HAS_ALIBI || HAS_BIAS || NONPOS_SCALE)
 #if BR != 64 * NWG
 #error "flash_fwd_wgmma: BR must be 64 NWG"
 #endif
@@ -31,27 +30,24 @@
 #error "flash_fwd_wgmma: PINGPONG takes two consumer warpgroups"
 #endif
 #define NT (128 * (NWG + 1))
+// Named barriers of the tile slot (1 and 2 are ping-pong's): the producer's warp and the consumers.
+#define SLOT_FULL 3
+#define SLOT_READ 4
+#define SLOT_THREADS (32 + 128 * NWG)
 #define Q_BYTES (BR * DQK * 2)
 #define K_BYTES (BC * DQK * 2)
 #define V_BYTES (BC * DV * 2)
-// 1024 to align the tiles, the tiles, then the mbarriers.
+// 1024 to align the tiles, the tiles, then the mbarriers and the tile slot.
 #define WGMMA_SMEM (1024 + Q_BYTES + STAGES * (K_BYTES + V_BYTES) + 1024)
-// Register budgets after the split (65536 a block: 128 x PRODUCER_REGS + 128 NWG x CONSUMER_REGS).
-#define PRODUCER_REGS 24
+// Register budgets after the split: the producer gives back what the consumers take (65536 a block:
+// 128 x PRODUCER_REGS + 128 NWG x CONSUMER_REGS, multiples of 8).
 #if NWG == 2
-#define CONSUMER_REGS 240
+#define PRODUCER_REGS 40
+#define CONSUMER_REGS 232
 #else
+#define PRODUCER_REGS 32
 #define CONSUMER_REGS 160
 #endif
-
-// The bf16/f16 pair `x` (low half first) back in f32, summed: the row sum of P as rounded.
-__device__ __forceinline__ float sum_pair(u32 x) {
-#if defined(ELEM_BF16)
-    return __uint_as_float(x << 16) + __uint_as_float(x & 0xffff0000u);
-#else
-    return f16_to_f32((u16)(x & 0xffff)) + f16_to_f32((u16)(x >> 16));
-#endif
-}
 
 __device__ __forceinline__ void st_shared_s32(u32 addr, int x) {
     asm volatile("st.shared.s32 [%0], %1;" ::"r"(addr), "r"(x) : "memory");
@@ -71,7 +67,6 @@ __device__ __forceinline__ u32 opaque(u32 x) {
 // One consumer's row state: this lane's rows g and g + 8 of its warp's 16.
 struct Rows {
     RowSoftmax<float> r[2];
-    float psum[2];  // P's sum as rounded to 16 bits (normalizes O: a one-hot row gives its V row)
     float corr[2];  // the factor O must take before the next P.V (1 when the max stayed)
     bool grow;      // some row of the warp moved its max
 };
@@ -82,35 +77,7 @@ struct Rows {
 __device__ __forceinline__ void softmax_block(float (&sc)[BC / 2], Rows& rows, const FlashParams& p,
                                               const SeqInfo& s, int i0, int i1, int j0, int wrow0, int g, int t,
                                               float mult, float slope) {
-    const bool full = block_is_full(p, s, i0, i1, j0, BC);
-#if SCORE_MODS
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int i = i0 + wrow0 + g + 8 * h;
-        const float* brow = bias_row_ptr(p, s, i);
-#pragma unroll
-        for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int j = j0 + n * 8 + 2 * t + e;
-                float x = score_mods(p, s, sc[4 * n + 2 * h + e], i, j, slope, brow);
-                if (!full && !visible(p, s, i, j)) x = NEG_INF;
-                sc[4 * n + 2 * h + e] = x;
-            }
-    }
-#else
-    if (!full) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int i = i0 + wrow0 + g + 8 * h;
-#pragma unroll
-            for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    if (!visible(p, s, i, j0 + n * 8 + 2 * t + e)) sc[4 * n + 2 * h + e] = NEG_INF;
-        }
-    }
-#endif
+    mods_and_mask<1, BC / 8>(p, s, sc, i0 + wrow0 + g, j0, t, block_is_full(p, s, i0, i1, j0, BC), slope);
     float bmax[2];
     bool grow = false;
 #pragma unroll
@@ -142,14 +109,14 @@ __device__ __forceinline__ void softmax_block(float (&sc)[BC / 2], Rows& rows, c
     }
 }
 
-// After the previous P.V landed: O and the rounded sums take rows.corr, and P is packed into the RS
-// A-fragment layout (registers 8 kk .. 8 kk + 7 of S in pairs).
+// After the previous P.V landed: O takes rows.corr, and P is packed into the RS A-fragment layout
+// (registers 8 kk .. 8 kk + 7 of S in pairs). O is normalized by the f32 sum of P as computed (not as
+// rounded to 16 bits: that second sum cost a fifth of the loop's instructions; kernels/README.md).
 __device__ __forceinline__ void finish_p(const float (&sc)[BC / 2], u32 (&pf)[BC / 16][4], float (&o)[DV / 2],
                                          Rows& rows) {
     if (rows.grow) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            rows.psum[h] *= rows.corr[h];
 #pragma unroll
             for (int n = 0; n < DV / 8; ++n) {
                 o[4 * n + 2 * h] *= rows.corr[h];
@@ -160,10 +127,7 @@ __device__ __forceinline__ void finish_p(const float (&sc)[BC / 2], u32 (&pf)[BC
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            pf[kk][j] = pack2(sc[8 * kk + 2 * j], sc[8 * kk + 2 * j + 1]);
-            rows.psum[j & 1] += sum_pair(pf[kk][j]);  // j = 0, 2: row g; j = 1, 3: row g + 8
-        }
+        for (int j = 0; j < 4; ++j) pf[kk][j] = pack2(sc[8 * kk + 2 * j], sc[8 * kk + 2 * j + 1]);
 }
 
 // Ping-pong: consumer `wg` waits for its turn to issue wgmmas, then hands the turn to the other.
@@ -183,13 +147,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     flash_fwd_wgmma(const __grid_constant__ FlashParams p, const __grid_constant__ TmaMap tq,
                     const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv, int* sched) {
     extern __shared__ __align__(1024) unsigned char smem[];
-    // Shared byte addresses (tiles 1024-aligned): Q, the K ring, the V ring, then the mbarriers.
+    // Shared byte addresses (tiles 1024-aligned): Q, the K ring, the V ring, then the mbarriers and
+    // the tile slot (the tile whose Q is in sQ; -1: no more).
     const u32 sQ = (smem_addr(smem) + 1023) & ~1023u;
     const u32 sK = sQ + Q_BYTES;
     const u32 sV = sK + STAGES * K_BYTES;
     const u32 bars = sV + STAGES * V_BYTES;
     const u32 full_q = bars, empty_q = bars + 8;
-    const u32 tile_slot = bars + 8 * (2 + 4 * STAGES);  // the tile whose Q is in sQ (-1: no more)
+    const u32 tile_slot = bars + 8 * (2 + 4 * STAGES);
     auto full_k = [&](int st) { return bars + 8 * (2 + st); };
     auto full_v = [&](int st) { return bars + 8 * (2 + STAGES + st); };
     auto empty_k = [&](int st) { return bars + 8 * (2 + 2 * STAGES + st); };
@@ -207,37 +172,53 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         }
     }
     __syncthreads();
-    // Persistent: block b starts with tile b, then takes tiles in order from the counter sched[0];
-    // the producer passes each tile to the consumers through `tile_slot` under the Q barriers.
+    // Persistent: block b starts with tile b, then takes tiles in order from the counter sched[0].
+    // The producer passes each tile to the consumers through the tile slot: it writes the slot and
+    // arrives on SLOT_FULL, where the consumers wait before reading it; they arrive on SLOT_READ after
+    // reading, where the producer waits before writing the next (named barriers, which racecheck sees).
     const int n_tiles = tile_count(p, BR);  // the host keeps it below 2^31
+    const TileOrder order = tile_order(p, BR, SECTION_MB);
 
     if (wg == NWG) {
         // The producer: key blocks from the last to the first (the masked diagonal ones first).
         setmaxnreg_dec<PRODUCER_REGS>();
         if (warp != 0 || lane != 0) return;
+        auto has_rows = [&](int t) {  // varlen: a tile past its sequence's end has none
+            int i0;
+            const SeqInfo s = tile_info(p, order, t, &i0);
+            return i0 < s.nq;
+        };
+        auto claim = [&]() {  // the next tile with rows from the counter, or n_tiles or more
+            int t;
+            do t = (int)gridDim.x + atomicAdd(sched, 1);
+            while (t < n_tiles && p.cu_q != 0 && !has_rows(t));
+            return t;
+        };
         int kv = 0, qn = 0;
-        for (int tile = blockIdx.x;;) {
-            int i0 = 0, nb_first = 0, nb_end = 0;
-            const SeqInfo s = tile_info(p, tile < n_tiles ? tile : 0, BR, SECTION_MB, &i0);
-            const int next = tile < n_tiles ? (int)gridDim.x + atomicAdd(sched, 1) : tile;
-            if (tile < n_tiles && i0 >= s.nq) {  // varlen: past this sequence's end
-                tile = next;
-                continue;
-            }
+        auto load_q = [&](int t) {  // publishes tile t (or the end) and loads its Q
+            if (qn > 0) bar_sync(SLOT_READ, SLOT_THREADS);
+            st_shared_s32(tile_slot, t < n_tiles ? t : -1);
+            bar_arrive(SLOT_FULL, SLOT_THREADS);
+            if (t >= n_tiles) return;
             mbarrier_wait(empty_q, (qn++ & 1) ^ 1);
-            st_shared_s32(tile_slot, tile < n_tiles ? tile : -1);
-            if (tile < n_tiles) key_blocks(p, s, i0, min(i0 + BR, s.nq), BC, &nb_first, &nb_end);
-            if (nb_end == nb_first) {  // no more tiles, or one whose rows see no key
+            int i0, nb_first, nb_end;
+            const SeqInfo s = tile_info(p, order, t, &i0);
+            key_blocks(p, s, i0, min(i0 + BR, s.nq), BC, &nb_first, &nb_end);
+            if (nb_end == nb_first) {  // a tile whose rows see no key
                 mbarrier_arrive(full_q);
-                if (tile >= n_tiles) break;
-                tile = next;
-                continue;
+                return;
             }
             const int tb = p.cu_q != 0 ? 0 : s.b;  // varlen rows are packed into one batch entry
             mbarrier_arrive_expect_tx(full_q, Q_BYTES);
 #pragma unroll
             for (int c = 0; c < DQK / 64; ++c)
                 tma_load_4d(sQ + c * BR * 128, &tq, c * 64, s.q_row0 + i0, s.h, tb, full_q);
+        };
+        auto load_kv = [&](int t) {
+            int i0 = 0, nb_first = 0, nb_end = 0;
+            const SeqInfo s = tile_info(p, order, t, &i0);
+            key_blocks(p, s, i0, min(i0 + BR, s.nq), BC, &nb_first, &nb_end);
+            const int tb = p.cu_q != 0 ? 0 : s.b;
             for (int jb = nb_end - 1; jb >= nb_first; --jb, ++kv) {
                 const int st = kv % STAGES, ph = (kv / STAGES) & 1;
                 const int row = s.k_row0 + jb * BC;
@@ -252,7 +233,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
                 for (int c = 0; c < DV / 64; ++c)
                     tma_load_4d(sV + st * V_BYTES + c * BC * 128, &tv, c * 64, row, s.hk, tb, full_v(st));
             }
-            tile = next;
+        };
+        int cur = (int)blockIdx.x;
+        if (cur < n_tiles && p.cu_q != 0 && !has_rows(cur)) cur = claim();
+        for (;;) {
+            const int next = cur < n_tiles ? claim() : cur;  // claimed a tile ahead
+            load_q(cur);
+            if (cur >= n_tiles) break;
+            load_kv(cur);
+            cur = next;
         }
         // The last block to stop taking tiles resets the counters for the next launch.
         if (atomicAdd(sched + 1, 1) == (int)gridDim.x - 1) {
@@ -290,7 +279,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<DV, 1>(o, pf[kk], desc_advance(v, sw128_mn_k_offset(kk)), 1);
         wgmma_commit();
     };
-    // One arrival a warp, after __syncwarp so that every lane's reads (of tile_slot) precede it.
+    // One arrival a warp, after __syncwarp so that every lane is done with the buffer.
     auto release = [&](u32 bar) {
         __syncwarp();
         if (lane == 0) mbarrier_arrive(bar);
@@ -301,11 +290,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 
     int kv = 0, qn = 0;
     for (;;) {
-        mbarrier_wait(full_q, qn++ & 1);
+        bar_sync(SLOT_FULL, SLOT_THREADS);
         const int tile = ld_shared_s32(tile_slot);
         if (tile < 0) break;
+        bar_arrive(SLOT_READ, SLOT_THREADS);
+        mbarrier_wait(full_q, qn++ & 1);
         int i0, nb_first, nb_end;
-        const SeqInfo s = tile_info(p, tile, BR, SECTION_MB, &i0);
+        const SeqInfo s = tile_info(p, order, tile, &i0);
         const int i1 = min(i0 + BR, s.nq);
         key_blocks(p, s, i0, i1, BC, &nb_first, &nb_end);
         const int n_iter = nb_end - nb_first;
@@ -316,7 +307,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             softmax_init(rows.r[h]);
-            rows.psum[h] = 0.f;
         }
         if (n_iter == 0) release(empty_q);
         if (n_iter > 0) {
@@ -372,10 +362,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const float l = row_allreduce_sum<4>(rows.r[h].sum);
-            const float lr = row_allreduce_sum<4>(rows.psum[h]);
             const int i = i0 + wrow0 + g + 8 * h;
             if (i >= s.nq) continue;
-            const float inv = softmax_inv_sum(lr);
+            const float inv = softmax_inv_sum(l);
             elem_t* og = out_row(p, s, i);
 #pragma unroll
             for (int n = 0; n < DV / 8; ++n) {

@@ -3,8 +3,9 @@ reference, then times it beside PyTorch SDPA. Needs only torch and the CUDA driv
 so kernel variants can be tried on the device before the Rust side runs them.
 
     python3 kernels/harness.py compile [--arch sm_90a] [--kernels wgmma]   # every listed variant compiles
-    python3 kernels/harness.py check                           # correctness of each variant (GPU)
+    python3 kernels/harness.py check [--quick]                 # correctness of each variant (GPU)
     python3 kernels/harness.py bench [--variants a,b] [--dims 64,128]   # TFLOP/s, bf16, the issue's shapes
+    python3 kernels/harness.py prof --variants a --dims 128 --n 4096 [--causal]   # one launch each, for ncu
 
 Variants: VARIANTS (flash_fwd_mma.cu), WGMMA (flash_fwd_wgmma.cu, sm_90a; `compile` flags serialized
 wgmma and spills), GENERAL (flash_fwd_general.cu).
@@ -91,14 +92,12 @@ WGMMA = {
     "wgmma_d256_128x64_pp": wgmma_defines(256, 64, pingpong=1),
 }
 
-# The option sets each wgmma tile is built with: score mods only where the tile table uses them
-# (other tiles spill with them); the three-consumer tile has no room for the mask either.
+# The option sets each wgmma tile is built with: none, the mask, and every score mod where the tile
+# table uses them (other tiles spill with them).
 WGMMA_SCORE_MODS = {"wgmma_d64_128x128", "wgmma_d128_128x64", "wgmma_d192_128x64", "wgmma_d256_128x32"}
-WGMMA_NO_MASK = {"wgmma_d64_192x128"}
 
 def wgmma_option_sets(name):
-    sets = [options()] + ([] if name in WGMMA_NO_MASK else [options(mask=1)])
-    return sets + ([options(1, 1, 1, 1, 1)] if name in WGMMA_SCORE_MODS else [])
+    return [options(), options(mask=1)] + ([options(1, 1, 1, 1, 1)] if name in WGMMA_SCORE_MODS else [])
 
 def kernel_of(name):
     """(kernel, defines) of a variant name."""
@@ -170,6 +169,9 @@ if __name__ == "__main__":
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--variants", default="")
     ap.add_argument("--dims", default="64,128", help="head dims for bench")
+    ap.add_argument("--quick", action="store_true", help="check: bf16, three cases (for compute-sanitizer)")
+    ap.add_argument("--n", type=int, default=4096, help="sequence length for prof")
+    ap.add_argument("--causal", action="store_true", help="prof: causal")
     ap.add_argument("--kernels", default="all", choices=["all", "mma", "wgmma", "general"],
                     help="which kernel's variants compile builds")
     args = ap.parse_args()

@@ -158,7 +158,9 @@ def check_one(kernel, tile, dtype, B, Nq, Nk, Hq, Hk, D, Dv, **opt):
     nan = bool(torch.isnan(out).any())
     return e_out, e_std, lse_ok, nan
 
-def cmd_check(names):
+def cmd_check(names, quick=False):
+    """Every variant on odd sizes and options against float64; `quick`: bf16 and three cases only
+    (a run short enough for compute-sanitizer)."""
     torch.manual_seed(0)
     cases = [
         dict(B=2, Nq=128, Nk=128, Hq=4, Hk=4),
@@ -171,12 +173,15 @@ def cmd_check(names):
         dict(B=1, Nq=65, Nk=1, Hq=2, Hk=2, causal=True),
         dict(B=1, Nq=64, Nk=64, Hq=2, Hk=2, scale=-0.1),
     ]
+    if quick:
+        cases = [cases[1], cases[2], cases[6]]
     bad = 0
     for name in names:
         kernel, tile = H.kernel_of(name)
         D = tile.get("DQK", tile.get("DQK_MAX"))
         dims = [(D, D)] if kernel in ("mma", "wgmma") else [(1, 1), (80, 96), (D, D)]
         dtypes = [torch.bfloat16, torch.float16] if kernel in ("mma", "wgmma") else [torch.float32, torch.float16]
+        dtypes = dtypes[:1] if quick else dtypes
         for c in cases:
             for dt in dtypes:
                 for (dq, dv) in dims:
@@ -238,15 +243,16 @@ def cmd_bench(names, seqlens, dims, sdpa=True):
     return rows
 
 def cmd_prof(names, N, D, causal):
-    """One launch of each variant and of SDPA's FlashAttention-2 backend, for a profiler."""
+    """One launch of each variant and of SDPA's FlashAttention-2 and cuDNN backends, for a profiler."""
     from torch.nn.attention import sdpa_kernel, SDPBackend
     import torch.nn.functional as F
     B, Hh = 16384 // N, 2048 // D
     q, k, v = (torch.randn(B, N, Hh, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     for name in names:
         launch(*H.kernel_of(name), q, k, v, causal=causal)
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal)
+    for be in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+        with sdpa_kernel(be):
+            F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal)
     torch.cuda.synchronize()
 
 def main(args):
@@ -254,8 +260,8 @@ def main(args):
     torch.zeros(1, device="cuda")
     names = args.variants.split(",") if args.variants else list(H.VARIANTS) + list(H.WGMMA)
     if args.cmd == "check":
-        sys.exit(1 if cmd_check(names) else 0)
+        sys.exit(1 if cmd_check(names, args.quick) else 0)
     elif args.cmd == "bench":
         cmd_bench(names, [512, 1024, 2048, 4096, 8192, 16384], [int(d) for d in args.dims.split(",")])
     elif args.cmd == "prof":
-        cmd_prof(names, 4096, 128, False)
+        cmd_prof(names, args.n, int(args.dims.split(",")[0]), args.causal)

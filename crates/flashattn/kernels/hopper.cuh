@@ -263,11 +263,12 @@ __device__ __forceinline__ void setmaxnreg_dec() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
 }
 
-// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads: `bar_sync` waits,
-// `bar_arrive` signals without waiting (a producer/consumer hand-off between warpgroups).
+// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads (counted by warps):
+// `bar_sync` waits, `bar_arrive` signals without waiting (a hand-off between warpgroups). The
+// non-aligned forms, so a warp whose other lanes have exited (the producer's one thread) may call them.
 __device__ __forceinline__ void bar_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+    asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ void bar_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+    asm volatile("barrier.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }

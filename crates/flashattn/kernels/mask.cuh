@@ -1,6 +1,9 @@
 // Which keys a query sees and what turns a dot product into a score. A variant sets
 //   HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS   score mods (each 0 or 1)
 //   HAS_MASK                           a window (causal included) that hides some keys (0 or 1)
+// and the tensor-core kernels NONPOS_SCALE (scale <= 0); SCORE_MODS says whether any score mod is on.
+
+#define SCORE_MODS (HAS_SOFTCAP || HAS_ALIBI || HAS_BIAS || NONPOS_SCALE)
 
 // ---- the mask: causal is the window (left = inf, right = 0), aligned bottom-right --------------
 
@@ -10,20 +13,21 @@ __device__ __forceinline__ bool visible(const FlashParams& p, const SeqInfo& s, 
     return j < s.nk && -p.window_left <= d && d <= p.window_right;
 }
 
-// The key blocks that queries [i0, i1) see at all: [*first, *end) in units of `bc` keys.
+// The key blocks that queries [i0, i1) see at all: [*first, *end) in units of `bc` keys. In 32 bits:
+// i + diag lies in (-2^31, nk) for a row i of the sequence, and the window edges are at most 2^30,
+// so each edge is clamped to [0, nk] before it could overflow.
 __device__ __forceinline__ void key_blocks(const FlashParams& p, const SeqInfo& s, int i0, int i1,
                                            int bc, int* first, int* end) {
-    i64 lo = (i64)i0 + s.diag - p.window_left;
-    i64 hi = (i64)(i1 - 1) + s.diag + p.window_right + 1;
-    lo = lo < 0 ? 0 : lo;
-    hi = hi > s.nk ? s.nk : hi;
+    const int a = i0 + s.diag, b = i1 - 1 + s.diag;
+    const int lo = a > p.window_left ? a - p.window_left : 0;
+    const int hi = b < s.nk - 1 - p.window_right ? b + p.window_right + 1 : s.nk;
     if (i1 <= i0 || hi <= lo) {
         *first = 0;
         *end = 0;
         return;
     }
-    *first = (int)(lo / bc);
-    *end = (int)((hi + bc - 1) / bc);
+    *first = lo / bc;
+    *end = (hi + bc - 1) / bc;
 }
 
 // The query rows that see any key of [j0, j1): [*first, *end), the mirror of key_blocks (a key
@@ -102,5 +106,40 @@ __device__ __forceinline__ const float* bias_row_ptr(const FlashParams& p, const
     return p.bias + s.b * p.bias_batch + s.h * p.bias_head + (i64)i * p.bias_row;
 #else
     return 0;
+#endif
+}
+
+// ---- on the tensor cores' accumulators ------------------------------------------------------
+
+// Score mods and the mask on MT slices of 16 rows of scores in the m16n8 C-fragment layout, CHUNKS
+// chunks of 8 keys each: c[4 (CHUNKS m + n) + 2h + e] is row i + 16m + 8h, key j0 + 8n + 2t + e
+// (t = lane % 4). `full`: the block needs no mask. Without score mods only a partial block is touched.
+template <int MT, int CHUNKS>
+__device__ __forceinline__ void mods_and_mask(const FlashParams& p, const SeqInfo& s, float* c, int i, int j0,
+                                              int t, bool full, float slope) {
+#if SCORE_MODS
+#pragma unroll
+    for (int r = 0; r < 2 * MT; ++r) {  // r = 2m + h: row i + 8r
+        const float* brow = bias_row_ptr(p, s, i + 8 * r);
+#pragma unroll
+        for (int n = 0; n < CHUNKS; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float& x = c[4 * (CHUNKS * (r >> 1) + n) + 2 * (r & 1) + e];
+                const int j = j0 + n * 8 + 2 * t + e;
+                x = score_mods(p, s, x, i + 8 * r, j, slope, brow);
+                if (!full && !visible(p, s, i + 8 * r, j)) x = NEG_INF;
+            }
+    }
+#else
+    if (full) return;
+#pragma unroll
+    for (int r = 0; r < 2 * MT; ++r)
+#pragma unroll
+        for (int n = 0; n < CHUNKS; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+                if (!visible(p, s, i + 8 * r, j0 + n * 8 + 2 * t + e))
+                    c[4 * (CHUNKS * (r >> 1) + n) + 2 * (r & 1) + e] = NEG_INF;
 #endif
 }
