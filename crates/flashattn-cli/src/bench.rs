@@ -349,13 +349,6 @@ fn median_outcome(rounds: Vec<StandardOutcome>) -> StandardOutcome {
 pub fn run(a: &BenchArgs) -> CliResult<()> {
     a.validate()?;
     device::ensure_available(a.device)?;
-    if a.device != Device::Cpu && a.pass != PassChoice::Forward {
-        return Err(fail(format!(
-            "--pass backward/both: the backward runs on the CPU only in this version; use \
-             --pass forward with --device {}",
-            a.device
-        )));
-    }
     for path in [&a.plot, &a.json].into_iter().flatten() {
         output::check_writable(path)?;
     }

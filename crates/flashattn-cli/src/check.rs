@@ -114,7 +114,7 @@ fn backward_line(c: &Config, b: &BackwardCheck) -> String {
     )
 }
 
-/// A pass the backend does not provide (e.g. the backward on CUDA) is reported and skipped.
+/// A pass the backend does not provide (an `Unsupported` error) is reported and skipped.
 fn skipped(e: &CliError) -> bool {
     matches!(e, CliError::Lib(Error::Unsupported { .. }))
 }

@@ -30,6 +30,24 @@ __device__ __forceinline__ void key_blocks(const FlashParams& p, const SeqInfo& 
     *end = (hi + bc - 1) / bc;
 }
 
+// The query rows that see any key of [j0, j1): [*first, *end), the mirror of key_blocks (a key
+// block of the backward walks only these rows).
+__device__ __forceinline__ void query_rows(const FlashParams& p, const SeqInfo& s, int j0, int j1,
+                                           int* first, int* end) {
+    j1 = min(j1, s.nk);
+    i64 lo = (i64)j0 - s.diag - p.window_right;
+    i64 hi = (i64)(j1 - 1) - s.diag + p.window_left + 1;
+    lo = lo < 0 ? 0 : lo;
+    hi = hi > s.nq ? s.nq : hi;
+    if (j1 <= j0 || hi <= lo) {
+        *first = 0;
+        *end = 0;
+        return;
+    }
+    *first = (int)lo;
+    *end = (int)hi;
+}
+
 // True when every query in [i0, i1) sees every key in [j0, j0 + bc): such a block needs no mask.
 __device__ __forceinline__ bool block_is_full(const FlashParams& p, const SeqInfo& s, int i0, int i1,
                                               int j0, int bc) {
@@ -62,6 +80,17 @@ __device__ __forceinline__ T score_mods(const FlashParams& p, const SeqInfo& s, 
     if (i < s.nq && j < s.nk) x += (T)bias_row[(i64)j * p.bias_col];
 #endif
     return x;
+}
+
+// d score / d (q.k * scale) at raw dot product `dot`: the softcap's 1 - tanh^2, else 1 (ALiBi and
+// the bias add terms that do not depend on the dot product).
+__device__ __forceinline__ float score_mods_grad(const FlashParams& p, float dot) {
+#if HAS_SOFTCAP
+    const float t = tanhf(dot * p.scale / p.softcap);
+    return 1.f - t * t;
+#else
+    return 1.f;
+#endif
 }
 
 __device__ __forceinline__ float alibi_slope(const FlashParams& p, const SeqInfo& s) {

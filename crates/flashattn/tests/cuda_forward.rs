@@ -211,8 +211,8 @@ fn upload_download_round_trip() {
     assert!(ge.to_vec::<f32>().unwrap().is_empty());
 }
 
-/// Tensors of one call on different devices, a missing GPU, and the backward on the GPU give
-/// typed errors naming the argument (the outputs of `forward_into`: `forward_into_on_the_gpu`).
+/// Tensors of one call on different devices (the backward's too) and a missing GPU give typed
+/// errors naming the argument (the outputs of `forward_into`: `forward_into_on_the_gpu`).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn device_errors() {
@@ -241,23 +241,23 @@ fn device_errors() {
         }
         other => panic!("expected NoCudaDevice, got {other:?}"),
     }
+    // The backward with dout, or a gradient to write, on the host.
     let f = flashattn::forward(&g.q, &g.k, &g.v, &p).unwrap();
+    let (q, k, v) = (&g.q, &g.k, &g.v);
+    let host_dout = f.out.to_device(Device::Cpu).unwrap();
+    match flashattn::backward(q, k, v, &f.out, &f.lse, &host_dout, &p) {
+        Err(Error::DeviceMismatch { arg, .. }) => assert_eq!(arg, "dout"),
+        other => panic!("expected a device mismatch on `dout`, got {other:?}"),
+    }
     let mut grads = flashattn::Gradients {
-        dq: x.q.to_device(GPU).unwrap(),
+        dq: x.q.clone(),
         dk: x.k.to_device(GPU).unwrap(),
         dv: x.v.to_device(GPU).unwrap(),
         dbias: None,
     };
-    let (q, k, v) = (&g.q, &g.k, &g.v);
-    let errors = [
-        flashattn::backward(q, k, v, &f.out, &f.lse, &f.out, &p).unwrap_err(),
-        flashattn::backward_into(q, k, v, &f.out, &f.lse, &f.out, &p, &mut grads).unwrap_err(),
-    ];
-    for e in errors {
-        assert!(
-            matches!(e, Error::Unsupported { device: "cuda", .. }),
-            "{e:?}"
-        );
+    match flashattn::backward_into(q, k, v, &f.out, &f.lse, &f.out, &p, &mut grads) {
+        Err(Error::DeviceMismatch { arg, .. }) => assert_eq!(arg, "dq"),
+        other => panic!("expected a device mismatch on `dq`, got {other:?}"),
     }
 }
 

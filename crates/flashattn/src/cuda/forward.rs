@@ -24,7 +24,7 @@ use crate::problem::{Problem, row_layout, strides_like};
 use crate::tensor::{Device, Tensor, contiguous_strides};
 
 /// The vocabulary every forward kernel is pasted after, in order (NVRTC gets no include path).
-const HEADERS: [&str; 4] = [
+pub(crate) const HEADERS: [&str; 4] = [
     TYPES_HEADER,
     include_str!("../../kernels/block_info.cuh"),
     include_str!("../../kernels/mask.cuh"),
@@ -57,7 +57,7 @@ pub(crate) struct Options {
 }
 
 impl Options {
-    fn of(p: &Problem) -> Self {
+    pub(crate) fn of(p: &Problem) -> Self {
         Options {
             softcap: p.softcap.is_some(),
             alibi: p.alibi.is_some(),
@@ -75,7 +75,7 @@ impl Options {
         nonpos_scale: false,
     };
 
-    const ALL: Options = Options {
+    pub(crate) const ALL: Options = Options {
         softcap: true,
         alibi: true,
         bias: true,
@@ -83,7 +83,7 @@ impl Options {
         nonpos_scale: true,
     };
 
-    fn defines(&self) -> String {
+    pub(crate) fn defines(&self) -> String {
         let flag = |name: &str, on: bool| format!("#define {name} {}\n", on as u8);
         [
             flag("HAS_SOFTCAP", self.softcap),
@@ -104,7 +104,7 @@ impl Options {
         }
     }
 
-    fn suffix(&self) -> String {
+    pub(crate) fn suffix(&self) -> String {
         let tags = [
             (self.softcap, "_softcap"),
             (self.alibi, "_alibi"),
@@ -116,7 +116,7 @@ impl Options {
     }
 }
 
-fn dtype_define(dtype: DType) -> (&'static str, &'static str) {
+pub(crate) fn dtype_define(dtype: DType) -> (&'static str, &'static str) {
     match dtype {
         DType::F32 => ("ELEM_F32", "f32"),
         DType::F16 => ("ELEM_F16", "f16"),
@@ -311,7 +311,7 @@ fn too_large(what: &str, n: usize) -> Error {
     }
 }
 
-fn device_ptr_of(t: &Tensor, arg: &'static str) -> Result<u64> {
+pub(crate) fn device_ptr_of(t: &Tensor, arg: &'static str) -> Result<u64> {
     t.cuda_ptr().ok_or_else(|| Error::DeviceMismatch {
         arg,
         expected: "a CUDA tensor".into(),
@@ -356,7 +356,7 @@ pub(crate) fn forward_into(
 }
 
 /// The GPU of the problem's tensors, once its sizes are known to fit the kernels' 32-bit indices.
-fn gpu_for(p: &Problem, k: &Tensor) -> Result<Arc<Gpu>> {
+pub(crate) fn gpu_for(p: &Problem, k: &Tensor) -> Result<Arc<Gpu>> {
     let Device::Cuda(ordinal) = p.device else {
         return Err(Error::DeviceMismatch {
             arg: "q",
@@ -378,7 +378,7 @@ fn gpu_for(p: &Problem, k: &Tensor) -> Result<Arc<Gpu>> {
 }
 
 /// The grid of a kernel with one block per `rows` query rows of each (batch, query head).
-fn grid_of(p: &Problem, rows: usize) -> Result<(u32, u32, u32)> {
+pub(crate) fn grid_of(p: &Problem, rows: usize) -> Result<(u32, u32, u32)> {
     for (what, n) in [("query heads", p.heads_q), ("batch", p.batch)] {
         if n > 65535 {
             return Err(Error::Unsupported {
@@ -392,6 +392,51 @@ fn grid_of(p: &Problem, rows: usize) -> Result<(u32, u32, u32)> {
         p.heads_q as u32,
         p.batch as u32,
     ))
+}
+
+/// The device copies of what a launch reads beside the tensors: the ALiBi slopes, the
+/// cu_seqlens offsets and the bias (moved to the GPU). Kept alive until the launch is queued;
+/// their frees are ordered after it on the stream.
+pub(crate) struct Extras {
+    _alibi: Option<CudaSlice<f32>>,
+    _cu: Option<(CudaSlice<i32>, CudaSlice<i32>)>,
+    _bias: Option<Tensor>,
+}
+
+impl Extras {
+    /// Uploads them and sets their addresses in `ptr`.
+    pub(crate) fn upload(g: &Gpu, p: &Problem, ptr: &mut Pointers) -> Result<Self> {
+        let alibi = p.alibi.as_ref().map(|s| upload(g, s)).transpose()?;
+        let cu = if p.varlen {
+            let mut cu_q: Vec<i32> = p.seqs.iter().map(|s| s.q_row0 as i32).collect();
+            let mut cu_k: Vec<i32> = p.seqs.iter().map(|s| s.k_row0 as i32).collect();
+            let last = p.seqs.last();
+            cu_q.push(last.map_or(0, |s| (s.q_row0 + s.nq) as i32));
+            cu_k.push(last.map_or(0, |s| (s.k_row0 + s.nk) as i32));
+            Some((upload(g, &cu_q)?, upload(g, &cu_k)?))
+        } else {
+            None
+        };
+        let bias = match &p.bias {
+            Some((t, _)) => Some(t.to_device(p.device)?),
+            None => None,
+        };
+        if let Some(a) = &alibi {
+            ptr.alibi = a.device_ptr(&g.stream).0;
+        }
+        if let Some((cq, ck)) = &cu {
+            ptr.cu_q = cq.device_ptr(&g.stream).0;
+            ptr.cu_k = ck.device_ptr(&g.stream).0;
+        }
+        if let Some(b) = &bias {
+            ptr.bias = device_ptr_of(b, "bias")?;
+        }
+        Ok(Extras {
+            _alibi: alibi,
+            _cu: cu,
+            _bias: bias,
+        })
+    }
 }
 
 /// Queues the kernel that writes every element of `out` and `lse` (device tensors of the
@@ -414,32 +459,7 @@ fn queue(
         lse: device_ptr_of(lse, "lse")?,
         ..Pointers::default()
     };
-    // Kept alive until the launch is queued; their frees are ordered after it on the stream.
-    let alibi = p.alibi.as_ref().map(|s| upload(g, s)).transpose()?;
-    let cu = if p.varlen {
-        let mut cu_q: Vec<i32> = p.seqs.iter().map(|s| s.q_row0 as i32).collect();
-        let mut cu_k: Vec<i32> = p.seqs.iter().map(|s| s.k_row0 as i32).collect();
-        let last = p.seqs.last();
-        cu_q.push(last.map_or(0, |s| (s.q_row0 + s.nq) as i32));
-        cu_k.push(last.map_or(0, |s| (s.k_row0 + s.nk) as i32));
-        Some((upload(g, &cu_q)?, upload(g, &cu_k)?))
-    } else {
-        None
-    };
-    let bias = match &p.bias {
-        Some((t, _)) => Some(t.to_device(p.device)?),
-        None => None,
-    };
-    if let Some(a) = &alibi {
-        ptr.alibi = a.device_ptr(&g.stream).0;
-    }
-    if let Some((cq, ck)) = &cu {
-        ptr.cu_q = cq.device_ptr(&g.stream).0;
-        ptr.cu_k = ck.device_ptr(&g.stream).0;
-    }
-    if let Some(b) = &bias {
-        ptr.bias = device_ptr_of(b, "bias")?;
-    }
+    let extras = Extras::upload(g, p, &mut ptr)?;
     let o_layout = row_layout(out);
     let params = FlashParams::new(p, ptr, &o_layout);
 
@@ -499,7 +519,7 @@ fn queue(
     // used by one launch at a time (all are ordered on this stream).
     unsafe { launch.launch(cfg) }.map_err(Gpu::err("launching the forward kernel"))?;
     LAST_VARIANT.set(Some((path, p.dtype, opts)));
-    drop((alibi, cu, bias));
+    drop(extras);
     Ok(())
 }
 

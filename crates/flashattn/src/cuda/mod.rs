@@ -1,4 +1,4 @@
-//! The CUDA backend: device tensors, run-time compiled kernels and the GPU forward.
+//! The CUDA backend: device tensors, run-time compiled kernels, the GPU forward and backward.
 //!
 //! Nothing here needs a CUDA toolkit to build: the driver (`libcuda.so.1`), NVRTC
 //! (`libnvrtc.so`) and cuBLAS are loaded when first used, and their absence is a typed error
@@ -7,6 +7,7 @@
 //! compiled for the device's architecture on first use and cached in memory and on disk
 //! (see [`compile`]).
 
+pub(crate) mod backward;
 pub mod compile;
 pub(crate) mod device;
 mod disk_cache;
@@ -26,13 +27,12 @@ pub use device::{MemoryUse, device_count, memory_use, reset_memory_peak};
 pub use foreign::{DeviceMemory, on_stream};
 pub(crate) use storage::upload;
 
-use crate::backend::Backend;
-use crate::outputs::ForwardOutput;
+use crate::backend::{Backend, BackwardInputs};
+use crate::outputs::{ForwardOutput, Gradients};
 use crate::problem::Problem;
 use crate::tensor::Tensor;
 
-/// The GPU backend: the forward (the backward is not there yet: the trait's default, a typed
-/// `Unsupported` error).
+/// The GPU backend: the forward and the backward.
 pub(crate) struct Cuda;
 
 impl Backend for Cuda {
@@ -59,12 +59,27 @@ impl Backend for Cuda {
     ) -> crate::Result<()> {
         forward::forward_into(p, qkv, out, lse)
     }
+
+    fn backward(&self, p: &Problem, x: BackwardInputs<'_>) -> crate::Result<Gradients> {
+        backward::backward(p, x)
+    }
+
+    fn backward_into(
+        &self,
+        p: &Problem,
+        x: BackwardInputs<'_>,
+        g: &mut Gradients,
+    ) -> crate::Result<()> {
+        backward::backward_into(p, x, g)
+    }
 }
 
-/// Every kernel variant flashattn can launch (the forward kernels and the standard attention's),
+/// Every kernel variant flashattn can launch (the forward and backward kernels and the standard
+/// attention's),
 /// so that a test can compile them all with NVRTC.
 pub fn kernel_sources() -> Vec<KernelSource> {
     let mut all = forward::kernel_sources();
+    all.extend(backward::kernel_sources());
     all.extend(standard::kernel_sources());
     all
 }
@@ -74,6 +89,7 @@ pub fn kernel_sources() -> Vec<KernelSource> {
 #[doc(hidden)]
 pub fn forget_loaded_kernels() {
     forward::forget_launchable();
+    backward::forget_launchable();
     compile::forget_functions();
 }
 

@@ -95,6 +95,8 @@ pub struct Problem {
     pub alibi: Option<Vec<f32>>,
     /// The bias converted to f32 (a view when it already was), and its strides.
     pub bias: Option<(Tensor, BiasLayout)>,
+    /// Bitwise-reproducible GPU gradients asked for.
+    pub deterministic: bool,
 }
 
 impl Problem {
@@ -233,6 +235,7 @@ impl Problem {
             window: params.window,
             alibi,
             bias,
+            deterministic: params.deterministic,
         })
     }
 

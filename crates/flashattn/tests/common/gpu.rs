@@ -1,10 +1,12 @@
-//! The GPU side of the forward tests: inputs moved to the device, poisoned outputs, and one case's
-//! errors (flashattn's forward and the GPU standard attention) against the f64 oracle, with the
-//! bounds of `tests/cuda_forward.rs`.
+//! The GPU side of the forward and backward tests: inputs moved to the device, poisoned outputs,
+//! and one case's errors (flashattn's forward and the GPU standard attention; flashattn's
+//! gradients) against the f64 oracle, with the bounds of `tests/cuda_forward.rs` and
+//! `tests/backward_grid.rs`.
 
 use super::{
-    Case, F32_TOL, HALF_FLOOR, Inputs, Worst, assert_laid_out_like, describe, lse_error,
-    lse_tolerance, rel, rng, tolerance,
+    Case, F32_TOL, GradientError, HALF_FLOOR, Inputs, Worst, assert_laid_out_like,
+    check_backward_cases_with, describe, gradient_errors, lse_error, lse_tolerance, rel, rng,
+    tolerance,
 };
 use flashattn::reference::{oracle, standard};
 use flashattn::{DType, Device, Tensor};
@@ -127,4 +129,27 @@ pub fn check_gpu_cases(test: &str, seed0: u64, cases: &[Case]) {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// The gradients of flashattn's GPU forward and backward on `x` (uploaded; outputs poisoned),
+/// measured on the host as `backward_errors` measures the CPU's. Checks that every gradient is
+/// on the GPU.
+pub fn gpu_backward_errors(case: &Case, x: &Inputs) -> Vec<GradientError> {
+    let g = to_device(x, GPU);
+    poison();
+    let f = flashattn::forward(&g.q, &g.k, &g.v, &g.p).expect("gpu forward");
+    poison();
+    let grads =
+        flashattn::backward(&g.q, &g.k, &g.v, &f.out, &f.lse, &g.dout, &g.p).expect("gpu backward");
+    let on_gpu = [&grads.dq, &grads.dk, &grads.dv]
+        .into_iter()
+        .chain(grads.dbias.as_ref())
+        .all(|t| t.device() == GPU);
+    assert!(on_gpu, "a gradient is not on the GPU");
+    let out = f.out.to_device(Device::Cpu).expect("download out");
+    gradient_errors(case, x, &out, &grads, [&g.q, &g.k, &g.v])
+}
+
+pub fn check_gpu_backward_cases(test: &str, seed0: u64, cases: &[Case]) {
+    check_backward_cases_with(&format!("gpu {test}"), seed0, cases, gpu_backward_errors);
 }

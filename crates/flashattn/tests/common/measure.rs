@@ -278,17 +278,30 @@ fn rounded_to(dtype: DType, values: &[f64]) -> Vec<f64> {
 pub fn backward_errors(case: &Case, x: &Inputs) -> Vec<GradientError> {
     let f = forward(&x.q, &x.k, &x.v, &x.p).expect("forward");
     let g = backward(&x.q, &x.k, &x.v, &f.out, &f.lse, &x.dout, &x.p).expect("backward");
+    gradient_errors(case, x, &f.out, &g, [&x.q, &x.k, &x.v])
+}
+
+/// The measures of [`backward_errors`] for gradients `g` computed elsewhere (on a GPU) from the
+/// host inputs `x`, given the forward output `out` they read (on the host), each gradient laid out
+/// like the tensor of `like` (q, k, v as passed to the backward).
+pub fn gradient_errors(
+    case: &Case,
+    x: &Inputs,
+    out: &Tensor,
+    g: &Gradients,
+    like: [&Tensor; 3],
+) -> Vec<GradientError> {
     let s = standard::forward(&x.q, &x.k, &x.v, &x.p).expect("standard forward");
     let sg = standard::backward(&x.q, &x.k, &x.v, &s.out, &s.lse, &x.dout, &x.p)
         .expect("standard backward");
     let og = oracle::backward(&x.q, &x.k, &x.v, &x.dout, &x.p).expect("oracle backward");
-    let given_out = oracle::backward_given_out(&x.q, &x.k, &x.v, &f.out, &x.dout, &x.p)
+    let given_out = oracle::backward_given_out(&x.q, &x.k, &x.v, out, &x.dout, &x.p)
         .expect("oracle backward given out");
     let om = oracle::backward_magnitudes(&x.q, &x.k, &x.v, &x.dout, &x.p).expect("magnitudes");
     for (grad, like, what) in [
-        (&g.dq, &x.q, "dq"),
-        (&g.dk, &x.k, "dk"),
-        (&g.dv, &x.v, "dv"),
+        (&g.dq, like[0], "dq"),
+        (&g.dk, like[1], "dk"),
+        (&g.dv, like[2], "dv"),
     ] {
         assert_eq!(grad.shape(), like.shape(), "{what} shape");
         assert_laid_out_like(grad, like, what);
@@ -299,7 +312,16 @@ pub fn backward_errors(case: &Case, x: &Inputs) -> Vec<GradientError> {
         v
     };
     let (exact, flash_ref, magnitudes) = (listed(og), listed(given_out), listed(om));
-    grads(&g)
+    assert_eq!(
+        grads(g).len(),
+        exact.len(),
+        "a bias gradient exactly with a bias"
+    );
+    if let (Some(db), Some(bias)) = (&g.dbias, &x.p.bias) {
+        assert_eq!(db.shape(), bias.shape(), "dbias shape");
+        assert_eq!(db.dtype(), DType::F32, "dbias dtype");
+    }
+    grads(g)
         .into_iter()
         .zip(grads(&sg))
         .zip(exact.iter().zip(&flash_ref).zip(&magnitudes))
@@ -334,6 +356,17 @@ pub fn backward_errors(case: &Case, x: &Inputs) -> Vec<GradientError> {
 /// Runs every case's backward against the oracle (seed `seed0 + index`, printed), prints a line
 /// per case and the worst errors per dtype, and fails listing every case out of tolerance.
 pub fn check_backward_cases(test: &str, seed0: u64, cases: &[Case]) {
+    check_backward_cases_with(test, seed0, cases, backward_errors);
+}
+
+/// [`check_backward_cases`] with the gradients' errors measured by `errors` (on the host, or on
+/// a GPU).
+pub fn check_backward_cases_with(
+    test: &str,
+    seed0: u64,
+    cases: &[Case],
+    errors: impl Fn(&Case, &Inputs) -> Vec<GradientError>,
+) {
     // Outputs the library allocates start as NaN, so an element left unwritten fails the case.
     flashattn::internals::set_poison_outputs(true);
     let mut failures = Vec::new();
@@ -341,7 +374,7 @@ pub fn check_backward_cases(test: &str, seed0: u64, cases: &[Case]) {
     for (n, case) in cases.iter().enumerate() {
         let seed = seed0 + n as u64;
         let x = case.inputs(&mut rng(seed));
-        let errs = backward_errors(case, &x);
+        let errs = errors(case, &x);
         let ok = errs.iter().all(|g| g.err <= g.bound);
         let line: Vec<String> = errs
             .iter()
