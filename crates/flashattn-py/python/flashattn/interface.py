@@ -66,8 +66,10 @@ def flash_attn_func(
     ``softcap`` 0 is none, ``alibi_slopes`` f32 ``[heads]`` or ``[batch, heads]``; with
     ``return_attn_probs`` the result is ``(out, softmax_lse, None)``, ``softmax_lse`` f32
     ``[batch, heads, seqlen_q]``. ``bias`` (keyword only) is an additive bias broadcastable to
-    ``[batch, heads, seqlen_q, seqlen_k]``, differentiable. ``deterministic`` is accepted and
-    ignored: the CPU backward is deterministic. CUDA tensors run on PyTorch's current stream.
+    ``[batch, heads, seqlen_q, seqlen_k]``, differentiable. ``deterministic`` is accepted and not
+    passed on yet: the CPU backward gives the same bits for a thread count, the CUDA one adds dQ
+    by atomics (the library's ``deterministic`` mode is not reachable from Python yet). CUDA
+    tensors run on PyTorch's current stream.
     numpy arrays in, numpy arrays out; other DLPack objects (CuPy, JAX arrays) are read where
     they lie and give torch tensors (``cupy.from_dlpack(out)`` takes them back without a copy).
     """
