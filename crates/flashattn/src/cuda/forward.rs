@@ -9,11 +9,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
 use super::compile::{KernelSource, TYPES_HEADER, function};
 use super::device::{Gpu, gpu};
-use super::params::{FlashParams, Pointers};
+use super::params::{Extras, FlashParams, Pointers};
 use super::storage::CudaStorage;
 use super::tensor_map::forward_maps;
 use super::tile_config::{Alignment, GENERAL_THREADS, Hints, Path, choose, wgmma_tile};
@@ -319,12 +319,6 @@ pub(crate) fn device_ptr_of(t: &Tensor, arg: &'static str) -> Result<u64> {
     })
 }
 
-fn upload<T: cudarc::driver::DeviceRepr>(g: &Gpu, v: &[T]) -> Result<CudaSlice<T>> {
-    g.stream
-        .clone_htod(v)
-        .map_err(Gpu::err("copying kernel inputs to the device"))
-}
-
 /// Runs the forward of a validated problem whose tensors live on one GPU. The output (shaped like
 /// `q` with `v`'s head dim, in `q`'s memory order) and the LSE are allocated on the device
 /// (poisoned when tests ask for it) and fully written by the kernel.
@@ -392,51 +386,6 @@ pub(crate) fn grid_of(p: &Problem, rows: usize) -> Result<(u32, u32, u32)> {
         p.heads_q as u32,
         p.batch as u32,
     ))
-}
-
-/// The device copies of what a launch reads beside the tensors: the ALiBi slopes, the
-/// cu_seqlens offsets and the bias (moved to the GPU). Kept alive until the launch is queued;
-/// their frees are ordered after it on the stream.
-pub(crate) struct Extras {
-    _alibi: Option<CudaSlice<f32>>,
-    _cu: Option<(CudaSlice<i32>, CudaSlice<i32>)>,
-    _bias: Option<Tensor>,
-}
-
-impl Extras {
-    /// Uploads them and sets their addresses in `ptr`.
-    pub(crate) fn upload(g: &Gpu, p: &Problem, ptr: &mut Pointers) -> Result<Self> {
-        let alibi = p.alibi.as_ref().map(|s| upload(g, s)).transpose()?;
-        let cu = if p.varlen {
-            let mut cu_q: Vec<i32> = p.seqs.iter().map(|s| s.q_row0 as i32).collect();
-            let mut cu_k: Vec<i32> = p.seqs.iter().map(|s| s.k_row0 as i32).collect();
-            let last = p.seqs.last();
-            cu_q.push(last.map_or(0, |s| (s.q_row0 + s.nq) as i32));
-            cu_k.push(last.map_or(0, |s| (s.k_row0 + s.nk) as i32));
-            Some((upload(g, &cu_q)?, upload(g, &cu_k)?))
-        } else {
-            None
-        };
-        let bias = match &p.bias {
-            Some((t, _)) => Some(t.to_device(p.device)?),
-            None => None,
-        };
-        if let Some(a) = &alibi {
-            ptr.alibi = a.device_ptr(&g.stream).0;
-        }
-        if let Some((cq, ck)) = &cu {
-            ptr.cu_q = cq.device_ptr(&g.stream).0;
-            ptr.cu_k = ck.device_ptr(&g.stream).0;
-        }
-        if let Some(b) = &bias {
-            ptr.bias = device_ptr_of(b, "bias")?;
-        }
-        Ok(Extras {
-            _alibi: alibi,
-            _cu: cu,
-            _bias: bias,
-        })
-    }
 }
 
 /// Queues the kernel that writes every element of `out` and `lse` (device tensors of the

@@ -1,9 +1,14 @@
 //! The kernels' parameter struct (`FlashParams` in `kernels/block_info.cuh`), built from a validated
-//! [`Problem`] and the device addresses of its tensors, and passed to the kernel by value.
+//! [`Problem`] and the device addresses of its tensors, and passed to the kernel by value; and the
+//! device copies of the small inputs a launch reads beside the tensors ([`Extras`]).
 
-use cudarc::driver::DeviceRepr;
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
 
+use super::device::Gpu;
+use super::forward::device_ptr_of;
+use crate::error::Result;
 use crate::problem::{Problem, RowLayout};
+use crate::tensor::Tensor;
 
 /// A window edge the kernels treat as unbounded (keeps `i + diag ± edge` inside 64-bit math and
 /// every per-element difference inside 32 bits).
@@ -61,6 +66,57 @@ pub(crate) struct Pointers {
     pub alibi: u64,
     pub cu_q: u64,
     pub cu_k: u64,
+}
+
+/// The device copies of what a launch reads beside the tensors: the ALiBi slopes, the
+/// cu_seqlens offsets and the bias (moved to the GPU). Kept alive until the launch is queued;
+/// their frees are ordered after it on the stream.
+pub(crate) struct Extras {
+    _alibi: Option<CudaSlice<f32>>,
+    _cu: Option<(CudaSlice<i32>, CudaSlice<i32>)>,
+    _bias: Option<Tensor>,
+}
+
+impl Extras {
+    /// Uploads them and sets their addresses in `ptr`.
+    pub(crate) fn upload(g: &Gpu, p: &Problem, ptr: &mut Pointers) -> Result<Self> {
+        let alibi = p.alibi.as_ref().map(|s| upload(g, s)).transpose()?;
+        let cu = if p.varlen {
+            let mut cu_q: Vec<i32> = p.seqs.iter().map(|s| s.q_row0 as i32).collect();
+            let mut cu_k: Vec<i32> = p.seqs.iter().map(|s| s.k_row0 as i32).collect();
+            let last = p.seqs.last();
+            cu_q.push(last.map_or(0, |s| (s.q_row0 + s.nq) as i32));
+            cu_k.push(last.map_or(0, |s| (s.k_row0 + s.nk) as i32));
+            Some((upload(g, &cu_q)?, upload(g, &cu_k)?))
+        } else {
+            None
+        };
+        let bias = match &p.bias {
+            Some((t, _)) => Some(t.to_device(p.device)?),
+            None => None,
+        };
+        if let Some(a) = &alibi {
+            ptr.alibi = a.device_ptr(&g.stream).0;
+        }
+        if let Some((cq, ck)) = &cu {
+            ptr.cu_q = cq.device_ptr(&g.stream).0;
+            ptr.cu_k = ck.device_ptr(&g.stream).0;
+        }
+        if let Some(b) = &bias {
+            ptr.bias = device_ptr_of(b, "bias")?;
+        }
+        Ok(Extras {
+            _alibi: alibi,
+            _cu: cu,
+            _bias: bias,
+        })
+    }
+}
+
+fn upload<T: DeviceRepr>(g: &Gpu, v: &[T]) -> Result<CudaSlice<T>> {
+    g.stream
+        .clone_htod(v)
+        .map_err(Gpu::err("copying kernel inputs to the device"))
 }
 
 fn strides(l: &RowLayout) -> [i64; 3] {

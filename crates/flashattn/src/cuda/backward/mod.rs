@@ -25,8 +25,8 @@ use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKerne
 
 use super::compile::function;
 use super::device::Gpu;
-use super::forward::{Extras, device_ptr_of, gpu_for, grid_of};
-use super::params::{FlashParams, Pointers};
+use super::forward::{device_ptr_of, gpu_for, grid_of};
+use super::params::{Extras, FlashParams, Pointers};
 use super::storage::CudaStorage;
 use crate::backend::BackwardInputs;
 use crate::dtype::DType;
