@@ -1,6 +1,8 @@
-//! Compiles every CUDA kernel variant with NVRTC for sm_80 and sm_90a to PTX, and the Hopper-only
-//! variants (`KernelSource::hopper_only`) for sm_90a alone, through ptxas, which must neither
-//! serialize their wgmma nor spill. Needs libnvrtc but no GPU, so CI runs it; without libnvrtc it prints a note and passes, unless
+//! Compiles every CUDA kernel variant with NVRTC to PTX for sm_80 (the oldest GPU they run on; the
+//! sources have no arch-conditional code, so sm_80 is the strict target, and the GPU tests compile
+//! what they reach for the device's arch), and the Hopper-only variants
+//! (`KernelSource::hopper_only`) for sm_90a, through ptxas, which must neither serialize their
+//! wgmma nor spill. Needs libnvrtc but no GPU, so CI runs it; without libnvrtc it prints a note and passes, unless
 //! `FLASHATTN_REQUIRE_NVRTC=1` (set by `.ci/run`), which makes a missing NVRTC a failure.
 #![cfg(feature = "cuda")]
 
@@ -11,11 +13,11 @@ use flashattn::{Device, Error, Tensor};
 use nvrtc_support::{nvrtc_here, ptxas_faults};
 use rayon::prelude::*;
 
-/// The architectures every variant must compile for: Ampere and Hopper (arch-specific).
-const ARCHS: [&str; 2] = ["sm_80", "sm_90a"];
+/// The architecture every variant but the Hopper-only ones must compile for.
+const ARCH: &str = "sm_80";
 
 #[test]
-fn every_kernel_variant_compiles_for_sm80_and_sm90a() {
+fn every_kernel_variant_compiles_for_sm80() {
     if !nvrtc_here() {
         return;
     }
@@ -37,7 +39,7 @@ fn every_kernel_variant_compiles_for_sm80_and_sm90a() {
     let jobs: Vec<(&KernelSource, &str)> = sources
         .iter()
         .filter(|s| !s.hopper_only)
-        .flat_map(|s| ARCHS.iter().map(move |&a| (s, a)))
+        .map(|s| (s, ARCH))
         .collect();
     let t0 = std::time::Instant::now();
     let results: Vec<(String, std::result::Result<String, String>)> = jobs
