@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use tensor_desc::{Desc, tensor};
 
 /// The options of a call, as a Python tuple: `(scale, (window_left, window_right), softcap,
-/// alibi_slopes, bias, (cu_seqlens_q, cu_seqlens_k))`, `None` where unset.
+/// alibi_slopes, bias, (cu_seqlens_q, cu_seqlens_k), deterministic)`, `None` where unset.
 type Opts = (
     Option<f32>,
     (Option<usize>, Option<usize>),
@@ -20,6 +20,7 @@ type Opts = (
     Option<Desc>,
     Option<Desc>,
     Option<(Vec<i32>, Vec<i32>)>,
+    bool,
 );
 
 /// The Python exception for a flashattn error: `TypeError` for a dtype, `ValueError` for a bad
@@ -44,11 +45,12 @@ pub(crate) fn py_error(e: Error, what: &str) -> PyErr {
 /// # Safety
 /// As [`tensor`], for the slopes and bias `opts` describes.
 unsafe fn params(py: Python<'_>, opts: &Opts) -> PyResult<AttentionParams> {
-    let (scale, (left, right), softcap, alibi, bias, varlen) = opts;
+    let (scale, (left, right), softcap, alibi, bias, varlen, deterministic) = opts;
     let mut p = AttentionParams {
         scale: *scale,
         window: Window::new(*left, *right),
         softcap: *softcap,
+        deterministic: *deterministic,
         ..AttentionParams::default()
     };
     if let Some(a) = alibi {

@@ -58,7 +58,7 @@ def test_other_devices_are_refused_with_a_clear_error():
         flash_attn_func(q.to("meta"), k, v)
     # The native module checks the device name itself, before any memory is touched.
     desc = lambda t, dev="cpu": (t.data_ptr(), "float32", list(t.shape), list(t.stride()), dev, t)
-    opts = (None, (None, None), None, None, None, None)
+    opts = (None, (None, None), None, None, None, None, False)
     out, lse = torch.empty_like(q), torch.empty(2, 4, 7)
     with pytest.raises(ValueError, match="`q`: expected a tensor on cpu or cuda:N, got one on xpu:0"):
         native.forward((desc(q, "xpu:0"), desc(k), desc(v)), (desc(out), desc(lse)), opts)
@@ -68,7 +68,7 @@ def test_other_devices_are_refused_with_a_clear_error():
 def test_cuda_without_a_gpu_is_a_runtime_error():
     q, k, v = qkv()
     desc = lambda t, dev="cpu": (t.data_ptr(), "float32", list(t.shape), list(t.stride()), dev, t)
-    opts = (None, (None, None), None, None, None, None)
+    opts = (None, (None, None), None, None, None, None, False)
     out, lse = torch.empty_like(q), torch.empty(2, 4, 7)
     with pytest.raises(RuntimeError, match="q: no CUDA driver"):
         native.forward((desc(q, "cuda:0"), desc(k), desc(v)), (desc(out), desc(lse)), opts)
@@ -141,6 +141,8 @@ def test_opcheck():
     bwd_args = (randn(*out.shape), q.detach(), k.detach(), v.detach(), out.detach(), lse, bias.detach(), slopes,
                 None, None, 0.3, 20, -1, 5.0)
     torch.library.opcheck(torch.ops.flashattn.bwd.default, bwd_args)
+    torch.library.opcheck(torch.ops.flashattn.bwd.default, bwd_args + (True,))
+    torch.library.opcheck(torch.ops.flashattn.fwd.default, fwd_args + (True,))
     cu_q, cu_k = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 30, 65], dtype=torch.int32)
     vq, vk = randn(7, 4, 40).requires_grad_(), randn(65, 2, 40).requires_grad_()
     torch.library.opcheck(torch.ops.flashattn.fwd.default, (vq, vk, vk, None, None, cu_q, cu_k, None, -1, 0, 0.0))

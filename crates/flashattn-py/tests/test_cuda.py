@@ -188,6 +188,23 @@ def test_opcheck():
         raise
 
 
+def test_deterministic_gradients_repeat_bit_for_bit():
+    q, k, v = (randn(2, 300, 4, 64, dtype=torch.bfloat16).cuda().requires_grad_() for _ in range(3))
+    bias = randn(1, 4, 300, 300).cuda().requires_grad_()
+    dout = randn(2, 300, 4, 64, dtype=torch.bfloat16).cuda()
+    grads = []
+    for _ in range(2):
+        out = flash_attn_func(q, k, v, causal=True, deterministic=True, bias=bias)
+        try:
+            grads.append(torch.autograd.grad(out, (q, k, v, bias), dout))
+        except Exception as e:
+            backward_pending(e)
+            raise
+    for a, b in zip(*grads):
+        assert torch.isfinite(a).all()
+        assert torch.equal(a, b)
+
+
 def test_mixed_devices_and_dtypes_are_refused_naming_the_argument():
     q, k, v = (randn(2, 7, 4, 64).cuda() for _ in range(3))
     with pytest.raises(ValueError, match="device mismatch for `k`: expected cuda:0, got cpu"):

@@ -29,7 +29,8 @@ def _desc(name: str, t: Tensor):
     return (t.data_ptr(), dtype, t.shape, t.stride(), str(t.device), t)
 
 
-def _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap):
+def _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap,
+          deterministic=False):
     """The native module's options tuple; negative window sides and a zero softcap mean none."""
     window = (window_left if window_left >= 0 else None, window_right if window_right >= 0 else None)
     varlen = None
@@ -42,6 +43,7 @@ def _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, wi
         None if alibi_slopes is None else _desc("alibi_slopes", alibi_slopes),
         None if bias is None else _desc("bias", bias),
         varlen,
+        bool(deterministic),
     )
 
 
@@ -78,8 +80,10 @@ def fwd(
     window_left: int,
     window_right: int,
     softcap: float,
+    deterministic: bool = False,
 ) -> Tuple[Tensor, Tensor]:
-    """Attention output (contiguous, q's dtype, v's head dim) and log-sum-exp (f32)."""
+    """Attention output (contiguous, q's dtype, v's head dim) and log-sum-exp (f32);
+    ``deterministic`` is kept for the backward."""
     out, lse = _fwd_outputs(q, v, cu_seqlens_q is not None)
     opts = _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap)
     with _cuda.on_device(q):
@@ -89,7 +93,8 @@ def fwd(
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap):
+def _fwd_fake(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap,
+              deterministic=False):
     return _fwd_outputs(q, v, cu_seqlens_q is not None)
 
 
@@ -109,13 +114,16 @@ def bwd(
     window_left: int,
     window_right: int,
     softcap: float,
+    deterministic: bool = False,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv (contiguous, in their inputs' dtype) and dbias (f32, bias' shape; empty
-    without a bias)."""
+    without a bias); ``deterministic``: the same bits on every run (the library's mode)."""
     dq, dk, dv, dbias = _bwd_outputs(q, k, v, bias)
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    opts = _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap)
+    opts = _opts(
+        bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap, deterministic
+    )
     inputs = tuple(_desc(n, t) for n, t in zip(("q", "k", "v", "out", "lse", "dout"), (q, k, v, out, lse, dout)))
     grads = (_desc("dq", dq), _desc("dk", dk), _desc("dv", dv), None if bias is None else _desc("dbias", dbias))
     with _cuda.on_device(q):
@@ -124,15 +132,16 @@ def bwd(
 
 
 @bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, wl, wr, softcap):
+def _bwd_fake(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, wl, wr, softcap,
+              deterministic=False):
     return _bwd_outputs(q, k, v, bias)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, wl, wr, softcap = inputs
+    q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, wl, wr, softcap, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
-    ctx.options = (scale, wl, wr, softcap)
+    ctx.options = (scale, wl, wr, softcap, deterministic)
     ctx.mark_non_differentiable(lse)
 
 
@@ -140,7 +149,7 @@ def _backward(ctx, dout, _dlse):
     q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     dq, dk, dv, dbias = bwd(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *ctx.options)
     dbias = dbias.to(bias.dtype) if bias is not None else None
-    return dq, dk, dv, dbias, None, None, None, None, None, None, None
+    return dq, dk, dv, dbias, None, None, None, None, None, None, None, None
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)

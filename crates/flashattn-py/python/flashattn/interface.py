@@ -66,10 +66,10 @@ def flash_attn_func(
     ``softcap`` 0 is none, ``alibi_slopes`` f32 ``[heads]`` or ``[batch, heads]``; with
     ``return_attn_probs`` the result is ``(out, softmax_lse, None)``, ``softmax_lse`` f32
     ``[batch, heads, seqlen_q]``. ``bias`` (keyword only) is an additive bias broadcastable to
-    ``[batch, heads, seqlen_q, seqlen_k]``, differentiable. ``deterministic`` is accepted and not
-    passed on yet: the CPU backward gives the same bits for a thread count, the CUDA one adds dQ
-    by atomics (the library's ``deterministic`` mode is not reachable from Python yet). CUDA
-    tensors run on PyTorch's current stream.
+    ``[batch, heads, seqlen_q, seqlen_k]``, differentiable. ``deterministic=True`` makes the CUDA
+    backward give the same bits on every run (dQ and the bias gradient in a fixed order instead of
+    by atomics); the CPU backward already does for a thread count. CUDA tensors run on PyTorch's
+    current stream.
     numpy arrays in, numpy arrays out; other DLPack objects (CuPy, JAX arrays) are read where
     they lie and give torch tensors (``cupy.from_dlpack(out)`` takes them back without a copy).
     """
@@ -78,7 +78,8 @@ def flash_attn_func(
     _check(dropout_p, ("q", q), ("k", k), ("v", v), ("bias", bias), ("alibi_slopes", alibi_slopes))
     left, right = _window(causal, window_size)
     out, lse = _ops.fwd(
-        _rows(q), _rows(k), _rows(v), bias, alibi_slopes, None, None, softmax_scale, left, right, float(softcap)
+        _rows(q), _rows(k), _rows(v), bias, alibi_slopes, None, None, softmax_scale, left, right, float(softcap),
+        bool(deterministic),
     )
     return _finish(out, lse, numpy, return_attn_probs)
 
@@ -112,6 +113,7 @@ def flash_attn_varlen_func(
     _check(dropout_p, ("q", q), ("k", k), ("v", v), ("alibi_slopes", alibi_slopes))
     left, right = _window(causal, window_size)
     out, lse = _ops.fwd(
-        _rows(q), _rows(k), _rows(v), None, alibi_slopes, cu_q, cu_k, softmax_scale, left, right, float(softcap)
+        _rows(q), _rows(k), _rows(v), None, alibi_slopes, cu_q, cu_k, softmax_scale, left, right, float(softcap),
+        bool(deterministic),
     )
     return _finish(out, lse, numpy, return_attn_probs)
