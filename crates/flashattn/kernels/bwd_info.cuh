@@ -62,6 +62,25 @@ __device__ __forceinline__ void atomic_add_f32(float* addr, float v) {
     asm volatile("red.global.add.f32 [%0], %1;" ::"l"(addr), "f"(v));
 }
 
+// P of query `i`, key `j` (seen) from the raw dot product, the row's LSE·log2(e) `lse2` and the
+// score mods, into *pr; returns dS = P∘(dP − D) times the softcap's factor. The bias gradient (dS
+// before that factor) is summed here by atomics unless the deterministic pass does it.
+__device__ __forceinline__ float bwd_p_ds(const BwdParams& bp, const SeqInfo& s, float dot, float dp, int i, int j,
+                                          float lse2, float delta, float slope, float* pr) {
+    const FlashParams& p = bp.f;
+#if SCORE_MODS
+    const float x = score_mods(p, s, dot, i, j, slope, bias_row_ptr(p, s, i)) * LOG2E;
+#else
+    const float x = dot * p.scale_log2;
+#endif
+    *pr = fast_exp2(x - lse2);
+    const float ds = *pr * (dp - delta);
+#if HAS_BIAS && !DETERMINISTIC
+    atomic_add_f32(dbias_at(bp, s, i, j), ds);
+#endif
+    return ds * score_mods_grad(p, dot);
+}
+
 // The deterministic dQ pass's partial bias gradient of query block `blk`, key `j`.
 __device__ __forceinline__ float* part_at(const BwdParams& bp, const SeqInfo& s, int blk, int j) {
     return bp.dq_accum + s.b * bp.part_batch + s.h * bp.part_head + (i64)blk * bp.part_block + (i64)j * bp.dbias_col;

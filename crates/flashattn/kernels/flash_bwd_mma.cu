@@ -169,17 +169,9 @@ extern "C" __global__ void __launch_bounds__(NT) flash_bwd_mma(const BwdParams b
             for (int e = 0; e < 4; ++e) {
                 const int r = 8 * n + 2 * t + (e & 1), i = i0 + r;
                 const int j = j0 + kw0 + g + 8 * (e >> 1);
-                const float dot = st[n][e];
                 float pr = 0.f, ds = 0.f;
-                if (sL[r] != NEG_INF && (full || (r < nqb && visible(p, s, i, j)))) {
-                    const float x = score_mods(p, s, dot, i, j, slope, bias_row_ptr(p, s, i));
-                    pr = fast_exp2(x * LOG2E - sL[r]);
-                    ds = pr * (dpt[n][e] - sD[r]);
-#if HAS_BIAS && !DETERMINISTIC
-                    atomic_add_f32(dbias_at(bp, s, i, j), ds);
-#endif
-                    ds *= score_mods_grad(p, dot);
-                }
+                if (sL[r] != NEG_INF && (full || (r < nqb && visible(p, s, i, j))))
+                    ds = bwd_p_ds(bp, s, st[n][e], dpt[n][e], i, j, sL[r], sD[r], slope, &pr);
                 st[n][e] = pr;
                 dpt[n][e] = ds;
                 sdS[r * PS + kw0 + g + 8 * (e >> 1)] = from_f32(ds);

@@ -58,12 +58,6 @@ __device__ __forceinline__ int ld_shared_s32(u32 addr) {
     return x;
 }
 
-// `x`, hidden from the optimizer (it cannot hoist what is computed from it out of a loop).
-__device__ __forceinline__ u32 opaque(u32 x) {
-    asm volatile("" : "+r"(x));
-    return x;
-}
-
 // One consumer's row state: this lane's rows g and g + 8 of its warp's 16.
 struct Rows {
     RowSoftmax<float> r[2];
@@ -263,8 +257,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     float o[DV / 2];
     float sc[BC / 2];
     u32 pf[BC / 16][4];
-    // Tile addresses are made opaque so that their descriptors are built when used, one add a k
-    // step, rather than kept for every k step and slot across the loop (tens of registers).
+    // Tile addresses are opaque: descriptors built where used.
     auto issue_s = [&](int st) {
         const u64 q = desc_sw128(opaque(sQw)), k = desc_sw128(opaque(sK + st * K_BYTES));
 #pragma unroll

@@ -250,6 +250,34 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const TmaMap* map, int c0, 
         : "memory");
 }
 
+// Adds `bytes` (a multiple of 16) of f32 at shared address `src` into global `dst` (both 16-byte
+// aligned), asynchronously; `bulk_commit` closes the reductions issued since into one bulk group.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, u32 src, u32 bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst), "r"(src),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+// Waits until at most N of this thread's bulk groups still read their shared memory
+// (`bulk_wait_read`) or are still in flight at all (`bulk_wait`).
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// `x`, hidden from the optimizer (it cannot hoist what is computed from it out of a loop): tile
+// addresses made opaque get their descriptors built where used, one add a k step, instead of
+// being kept for every k step and slot across a loop (tens of registers).
+__device__ __forceinline__ u32 opaque(u32 x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+
 // ---- Warp specialization -------------------------------------------------------------------------
 
 // Moves this warpgroup's register budget to N a thread (a multiple of 8 in 24..256); every warp of

@@ -50,12 +50,14 @@ pub use tensor::{Device, Tensor};
 
 /// For flashattn's own tools and tests, not part of the API: the validated problem, the switch
 /// that poisons outputs, the CPU forward's cycle profile, the GPU forward's Hopper switch and last
-/// variant, and the GPU backward's tensor-core switch and last variant.
+/// variant, and the GPU backward's Hopper and tensor-core switches and last variant.
 #[doc(hidden)]
 pub mod internals {
     pub use crate::cpu::forward_profile;
     #[cfg(feature = "cuda")]
-    pub use crate::cuda::backward::{last_cuda_backward_kernel, set_mma_backward};
+    pub use crate::cuda::backward::{
+        last_cuda_backward_kernel, set_hopper_backward, set_mma_backward,
+    };
     #[cfg(feature = "cuda")]
     pub use crate::cuda::forward::{last_cuda_forward_kernel, set_hopper_forward};
     pub use crate::outputs::set_poison_outputs;

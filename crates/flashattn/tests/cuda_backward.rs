@@ -14,7 +14,7 @@ mod common;
 
 use common::gpu::{GPU, check_gpu_backward_cases, poison, to_device};
 use common::{Alibi, Case, Layout, gradient_errors, padded, rng};
-use flashattn::internals::{last_cuda_backward_kernel, set_mma_backward};
+use flashattn::internals::{last_cuda_backward_kernel, set_hopper_backward, set_mma_backward};
 use flashattn::{DType, Device, Gradients, Tensor, backward, backward_into, forward};
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -238,11 +238,13 @@ fn cuda_core_kernel_in_half_precision() {
     set_mma_backward(true);
 }
 
-/// Which key-block kernel runs: tensor cores for f16/bf16 head dims that are multiples of 8 up
-/// to 128, CUDA cores for f32, other head dims and larger ones.
+/// Which key-block kernel runs off Hopper (its kernel switched off on this thread): tensor cores
+/// for f16/bf16 head dims that are multiples of 8 up to 128, CUDA cores for f32, other head dims
+/// and larger ones.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn kernel_choice() {
+    set_hopper_backward(false);
     let cases = [
         (DType::F16, 64, 64, "bwd_mma_f16_d64x64"),
         (DType::BF16, 128, 96, "bwd_mma_bf16_d128x96"),
@@ -258,6 +260,68 @@ fn kernel_choice() {
         backward(&x.q, &x.k, &x.v, &f.out, &f.lse, &x.dout, &x.p).unwrap();
         let kernel = last_cuda_backward_kernel().expect("a backward ran");
         assert!(kernel.starts_with(want), "{dtype} d {d}/{dv}: {kernel}");
+    }
+    set_hopper_backward(true);
+}
+
+/// The Hopper kernel (on sm_90a GPUs; elsewhere skipped with a note): lengths about its 128-key
+/// blocks and 64-row steps, causal with Nq ≠ Nk both ways, windows, GQA and MQA, head dims 32 to
+/// 128 and V's apart, every score option at head dims up to 64, `[B, H, N, D]` storage; then the
+/// problems it leaves to the tensor-core kernel (score mods at 128, varlen).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn hopper_kernel() {
+    let info = flashattn::cuda::device_info(0);
+    if !info.as_ref().is_ok_and(|i| i.contains("sm_90a")) {
+        println!("NOTE: skipped, the Hopper backward needs an sm_90a GPU (got {info:?})");
+        return;
+    }
+    let (f16, bf16) = (DType::F16, DType::BF16);
+    let wgmma = [
+        Case::new(1000, 1000, 64).dtype(bf16).heads(4, 4),
+        Case::new(200, 200, 128).dtype(f16).causal(),
+        Case::new(65, 200, 80).dtype(bf16).layout(Layout::Bhnd),
+        Case::new(129, 127, 32).dtype(f16),
+        Case::new(200, 65, 64).dv(128).dtype(f16).causal(),
+        Case::new(65, 1000, 128).dv(64).dtype(bf16).causal(),
+        Case::new(1, 1000, 128).dtype(f16).heads(8, 1),
+        Case::new(1000, 1, 64).dtype(bf16),
+        Case::new(1000, 200, 64)
+            .dtype(bf16)
+            .window(Some(100), Some(0)),
+        Case::new(300, 300, 128)
+            .dtype(f16)
+            .batch(3)
+            .heads(6, 2)
+            .window(Some(16), Some(16)),
+        Case::new(113, 203, 64)
+            .dtype(bf16)
+            .batch(2)
+            .heads(4, 2)
+            .causal()
+            .softcap(20.0)
+            .alibi(Alibi::PerBatchHead)
+            .bias([true, true, true, true]),
+        Case::new(65, 65, 48)
+            .dtype(f16)
+            .heads(2, 1)
+            .softcap(5.0)
+            .alibi(Alibi::PerHead)
+            .bias([false, true, true, true])
+            .scale(-0.3),
+    ];
+    let others = [
+        Case::new(113, 203, 128).dtype(bf16).softcap(10.0),
+        Case::new(0, 0, 64)
+            .dtype(f16)
+            .heads(4, 2)
+            .varlen(&[(65, 200), (1, 7)]),
+    ];
+    for (n, case) in wgmma.iter().chain(&others).enumerate() {
+        check_gpu_backward_cases("backward hopper", 285_000 + n as u64, std::slice::from_ref(case));
+        let kernel = last_cuda_backward_kernel().expect("a backward ran");
+        println!("{}: {kernel}", common::describe(case));
+        assert_eq!(kernel.starts_with("bwd_wgmma_"), n < wgmma.len(), "{kernel}");
     }
 }
 

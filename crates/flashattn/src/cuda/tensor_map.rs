@@ -1,4 +1,4 @@
-//! TMA tensor maps of the Hopper forward's q, k and v: which layouts TMA can describe (a pure
+//! TMA tensor maps of the Hopper kernels' q, k, v (and the backward's dout): which layouts TMA can describe (a pure
 //! function, so the tile choice can ask it), and the `CUtensorMap` each is passed to the kernel as.
 //!
 //! Each map has rank 4, innermost first: {head dim, rows, heads, batch}, boxes of 64 elements × the
@@ -100,7 +100,7 @@ pub(crate) fn encode(dtype: DType, layout: &TmaLayout, box_rows: u32) -> Result<
         DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         DType::F32 => {
             return Err(Error::Cuda(
-                "the Hopper forward's tensor maps take f16 or bf16".into(),
+                "the Hopper kernels' tensor maps take f16 or bf16".into(),
             ));
         }
     };
@@ -142,6 +142,27 @@ pub(crate) fn forward_maps(
     let [q, k, v] = qkv_layouts(p, addresses)?;
     let map = |l: &TmaLayout, rows: usize| encode(p.dtype, l, rows as u32).ok();
     Some([map(&q, br)?, map(&k, bc)?, map(&v, bc)?])
+}
+
+/// The maps of q, k, v and dout (`dout` its row layout) of `p` for the Hopper backward's blocks of
+/// `bc` keys and steps of `br` query rows (first elements at `addresses`), or `None` when TMA
+/// cannot load one.
+pub(crate) fn backward_maps(
+    p: &Problem,
+    addresses: [u64; 4],
+    dout: &RowLayout,
+    br: usize,
+    bc: usize,
+) -> Option<[TensorMap; 4]> {
+    let [q, k, v] = qkv_layouts(p, [addresses[0], addresses[1], addresses[2]])?;
+    let o = tma_layout(
+        addresses[3],
+        p.head_dim_v,
+        [p.max_nq, p.heads_q, p.batch],
+        dout,
+    )?;
+    let map = |l: &TmaLayout, rows: usize| encode(p.dtype, l, rows as u32).ok();
+    Some([map(&q, br)?, map(&k, bc)?, map(&v, bc)?, map(&o, br)?])
 }
 
 #[cfg(test)]

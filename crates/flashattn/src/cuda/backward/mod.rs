@@ -2,9 +2,10 @@
 //!
 //! 1. `flash_bwd_pre` (one warp per query row): `D = rowsum(dO∘O)` in f32, and zeros into the f32
 //!    dQ accumulator and the bias gradient, which the next kernels sum into.
-//! 2. The key-block kernel (tensor cores or CUDA cores, [`tiles`]): one block per (key block,
-//!    key/value head, sequence) walks the query rows of the group's heads that see its keys,
-//!    keeps dK and dV in f32 and writes them once; dQ and dbias go by f32 atomics.
+//! 2. The key-block kernel (wgmma on sm_90a, tensor cores or CUDA cores, [`tiles`]): one block
+//!    per (key block, key/value head, sequence) walks the query rows of the group's heads that
+//!    see its keys, keeps dK and dV in f32 and writes them once; dQ and dbias go by f32 atomics
+//!    (the Hopper kernel adds dQ a tile at a time by bulk reductions).
 //! 3. `flash_bwd_post`: `dq = scale · dQ` in dq's dtype and strides.
 //!
 //! Deterministic (`AttentionParams::deterministic`), step 2 leaves out dQ and dbias, and
@@ -28,6 +29,7 @@ use super::device::Gpu;
 use super::forward::{device_ptr_of, gpu_for, grid_of};
 use super::params::{Extras, FlashParams, Pointers};
 use super::storage::CudaStorage;
+use super::tensor_map::backward_maps;
 use crate::backend::BackwardInputs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -35,13 +37,15 @@ use crate::outputs::Gradients;
 use crate::problem::{Problem, row_layout, strides_like};
 use crate::tensor::{Tensor, contiguous_strides};
 use params::{BiasParts, BwdLayouts, BwdParams, BwdPointers, accum_len, bias_parts};
-use tiles::general_bwd_tile;
+use tiles::{WGMMA_BWD_KEYS, WGMMA_BWD_ROWS, general_bwd_tile};
 pub use variants::kernel_sources;
 use variants::{BwdKernel, ROW_THREADS, Variant, choose, kernel_source, options_of};
 
 thread_local! {
     /// Whether this thread's backward calls may take the tensor-core kernel.
     static MMA_BACKWARD: Cell<bool> = const { Cell::new(true) };
+    /// Whether this thread's backward calls on sm_90a may take the Hopper kernel.
+    static HOPPER_BACKWARD: Cell<bool> = const { Cell::new(true) };
     /// The key-block kernel of this thread's last backward launch.
     static LAST_VARIANT: Cell<Option<Variant>> = const { Cell::new(None) };
 }
@@ -50,6 +54,12 @@ thread_local! {
 /// (on, the default) or sends every problem to the CUDA-core kernel (off).
 pub fn set_mma_backward(on: bool) {
     MMA_BACKWARD.set(on);
+}
+
+/// Test support: on this thread, lets backward problems on sm_90a GPUs take the Hopper kernel
+/// (on, the default) or sends them to the kernels every other GPU runs (off).
+pub fn set_hopper_backward(on: bool) {
+    HOPPER_BACKWARD.set(on);
 }
 
 /// Test support: the name of the key-block kernel this thread's last backward launched
@@ -232,7 +242,24 @@ fn queue(g: &Arc<Gpu>, p: &Problem, x: BackwardInputs<'_>, grads: &mut Gradients
         .map(|l| [l.batch, l.row, l.head]);
     let addresses = [ptr.q, ptr.k, ptr.v, bptr.dout, bptr.dk, bptr.dv];
     let max_shared = g.max_shared_per_block;
-    let main = choose(p, (&strides, &addresses), max_shared, MMA_BACKWARD.get());
+    let switches = (
+        MMA_BACKWARD.get(),
+        g.arch == "sm_90a" && HOPPER_BACKWARD.get(),
+    );
+    let mut main = choose(p, (&strides, &addresses), max_shared, switches);
+    // Maps are encoded before the Hopper kernel is compiled: one the driver refuses sends the
+    // problem to the other kernels, as on any other GPU.
+    let maps = match main {
+        BwdKernel::Wgmma(_) => {
+            let addresses = [ptr.q, ptr.k, ptr.v, bptr.dout];
+            let maps = backward_maps(p, addresses, &layouts.dout, WGMMA_BWD_ROWS, WGMMA_BWD_KEYS);
+            if maps.is_none() {
+                main = choose(p, (&strides, &addresses), max_shared, (switches.0, false));
+            }
+            maps
+        }
+        _ => None,
+    };
     let (steps, parts) = plan(p, main, max_shared)?;
 
     let extras = Extras::upload(g, p, &mut ptr)?;
@@ -264,7 +291,10 @@ fn queue(g: &Arc<Gpu>, p: &Problem, x: BackwardInputs<'_>, grads: &mut Gradients
                 ),
             });
         }
-        let keyed = matches!(kernel, BwdKernel::General(_) | BwdKernel::Mma(_));
+        let keyed = matches!(
+            kernel,
+            BwdKernel::General(_) | BwdKernel::Mma(_) | BwdKernel::Wgmma(_)
+        );
         let variant = Variant {
             kernel,
             dtype: p.dtype,
@@ -279,6 +309,11 @@ fn queue(g: &Arc<Gpu>, p: &Problem, x: BackwardInputs<'_>, grads: &mut Gradients
         };
         let mut launch = g.stream.launch_builder(&func);
         launch.arg(&params);
+        if let (BwdKernel::Wgmma(_), Some(maps)) = (kernel, &maps) {
+            for map in maps {
+                launch.arg(map);
+            }
+        }
         // SAFETY: every address in `params` points into a live device allocation of this GPU: q,
         // k, v, out, dout and the bias are validated views whose elements lie inside their
         // buffers; lse is a contiguous view of the validated shape; dq, dk, dv and dbias are
@@ -287,6 +322,8 @@ fn queue(g: &Arc<Gpu>, p: &Problem, x: BackwardInputs<'_>, grads: &mut Gradients
         // (or partial bias gradients) are allocated above with the lengths `params` gives and
         // outlive the launches on this stream. The kernels touch only the elements the validated
         // sizes and strides describe, and `shared` bytes were allowed when the kernel was loaded.
+        // The Hopper kernel's tensor maps (after `params`: q, k, v, dout) describe only elements
+        // of those same validated views (see `forward::queue`); TMA zero-fills outside them.
         unsafe { launch.launch(cfg) }.map_err(Gpu::err("launching a backward kernel"))?;
         if keyed {
             LAST_VARIANT.set(Some(variant));

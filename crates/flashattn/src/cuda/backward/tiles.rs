@@ -53,6 +53,48 @@ pub(crate) fn mma_bwd_tile(dqk: usize, dv: usize) -> MmaBwdTile {
     MmaBwdTile { dqk, dv, rows }
 }
 
+/// Hopper kernel (`kernels/flash_bwd_wgmma.cu`, sm_90a, f16/bf16): a producer warp and two
+/// consumer warpgroups of 64 keys each, so 128 keys a block, 64 query rows a step, head dims padded
+/// to 64 up to [`WGMMA_BWD_MAX_HEAD_DIM`]; score mods only up to [`WGMMA_BWD_MODS_MAX_HEAD_DIM`]
+/// (at 128 they spill).
+pub(crate) const WGMMA_BWD_MAX_HEAD_DIM: usize = 128;
+pub(crate) const WGMMA_BWD_MODS_MAX_HEAD_DIM: usize = 64;
+/// Threads, keys and query rows a step of the Hopper kernel's block.
+pub(crate) const WGMMA_BWD_THREADS: usize = 384;
+pub(crate) const WGMMA_BWD_KEYS: usize = 128;
+pub(crate) const WGMMA_BWD_ROWS: usize = 64;
+
+/// A tile of the Hopper backward kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct WgmmaBwdTile {
+    /// Head dims padded to a multiple of 64 (Q/K, V).
+    pub dqk: usize,
+    pub dv: usize,
+    /// Slots of the Q/dO ring.
+    pub stages: usize,
+}
+
+impl WgmmaBwdTile {
+    /// Dynamic shared memory (`WGMMA_BWD_SMEM`): 1024 for alignment, K and V, the ring of Q, dO
+    /// and their rows' LSE and D, dSᵀ (16-bit), dQ's f32 tile (rows 4 longer), the mbarriers.
+    pub(crate) fn shared_bytes(&self) -> usize {
+        let (keys, rows) = (WGMMA_BWD_KEYS, WGMMA_BWD_ROWS);
+        let ring = self.stages * (2 * rows * (self.dqk + self.dv) + 8 * rows);
+        1024 + 2 * keys * (self.dqk + self.dv) + ring + 2 * keys * rows + 4 * rows * (self.dqk + 4)
+            + 8 * (1 + 2 * self.stages)
+    }
+}
+
+/// The Hopper tile for head dims `dqk`, `dv` (at most [`WGMMA_BWD_MAX_HEAD_DIM`]).
+pub(crate) fn wgmma_bwd_tile(dqk: usize, dv: usize) -> WgmmaBwdTile {
+    let pad = |d: usize| d.max(1).div_ceil(64) * 64;
+    WgmmaBwdTile {
+        dqk: pad(dqk),
+        dv: pad(dv),
+        stages: 2,
+    }
+}
+
 /// Threads per block of the CUDA-core backward kernel.
 pub(crate) const GENERAL_BWD_THREADS: usize = 128;
 
@@ -128,6 +170,18 @@ pub(crate) fn all_general_bwd_tiles(dqk: usize, dv: usize) -> Vec<GeneralBwdTile
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Hopper tiles fit the H100/H200's 227 KiB.
+    #[test]
+    fn wgmma_tiles_fit() {
+        for d in (8..=WGMMA_BWD_MAX_HEAD_DIM).step_by(8) {
+            for dv in [8, d, WGMMA_BWD_MAX_HEAD_DIM] {
+                let t = wgmma_bwd_tile(d, dv);
+                assert!(t.shared_bytes() <= 227 * 1024, "{t:?}");
+                assert!(t.dqk % 64 == 0 && t.dv % 64 == 0 && t.dqk >= d, "{t:?}");
+            }
+        }
+    }
 
     /// The tensor-core tiles fit 99 KiB and split dQ's 16-row slices evenly among the warps.
     #[test]

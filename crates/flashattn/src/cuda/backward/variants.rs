@@ -3,7 +3,8 @@
 
 use super::tiles::{
     GENERAL_BWD_THREADS, GeneralBwdTile, MMA_BWD_MAX_HEAD_DIM, MMA_BWD_WARPS, MmaBwdTile,
-    all_general_bwd_tiles, general_bwd_tile, mma_bwd_tile,
+    WGMMA_BWD_KEYS, WGMMA_BWD_MAX_HEAD_DIM, WGMMA_BWD_MODS_MAX_HEAD_DIM, WGMMA_BWD_THREADS,
+    WgmmaBwdTile, all_general_bwd_tiles, general_bwd_tile, mma_bwd_tile, wgmma_bwd_tile,
 };
 use crate::cuda::compile::KernelSource;
 use crate::cuda::forward::{HEADERS, Options, dtype_define};
@@ -16,6 +17,8 @@ const BWD_GENERAL: &str = include_str!("../../../kernels/flash_bwd_general.cu");
 const BWD_DQ: &str = include_str!("../../../kernels/flash_bwd_dq.cu");
 const MMA: &str = include_str!("../../../kernels/mma.cuh");
 const BWD_MMA: &str = include_str!("../../../kernels/flash_bwd_mma.cu");
+const HOPPER: &str = include_str!("../../../kernels/hopper.cuh");
+const BWD_WGMMA: &str = include_str!("../../../kernels/flash_bwd_wgmma.cu");
 
 /// Threads (and query rows × 32) per block of the row passes (`ROW_THREADS` in
 /// `kernels/flash_bwd_rows.cu`).
@@ -32,6 +35,8 @@ pub(crate) enum BwdKernel {
     General(GeneralBwdTile),
     /// The tensor-core key-block kernel.
     Mma(MmaBwdTile),
+    /// The Hopper (sm_90a) key-block kernel.
+    Wgmma(WgmmaBwdTile),
     /// The deterministic dQ (and bias gradient) pass, per query block.
     Dq(GeneralBwdTile),
     /// The deterministic sum of a row-broadcast bias gradient's partials.
@@ -45,6 +50,7 @@ impl BwdKernel {
             BwdKernel::General(t) => (t.keys, GENERAL_BWD_THREADS, t.shared_bytes()),
             BwdKernel::Dq(t) => (t.rows, GENERAL_BWD_THREADS, t.shared_bytes()),
             BwdKernel::Mma(t) => (t.keys(), 32 * MMA_BWD_WARPS, t.shared_bytes()),
+            BwdKernel::Wgmma(t) => (WGMMA_BWD_KEYS, WGMMA_BWD_THREADS, t.shared_bytes()),
             BwdKernel::Pre | BwdKernel::Post | BwdKernel::DbiasSum => (0, ROW_THREADS, 0),
         }
     }
@@ -68,24 +74,42 @@ pub(crate) fn options_of(p: &Problem) -> Options {
     }
 }
 
-/// The key-block kernel for `p`: the tensor-core one (when `mma` allows it) for f16/bf16 with
-/// head dims that are multiples of 8 up to [`MMA_BWD_MAX_HEAD_DIM`] and rows of q, k, v, dout,
-/// dk, dv that start on 16-byte boundaries (`strides` in elements, `addresses` in bytes), else
-/// the CUDA-core one.
+/// The key-block kernel for `p` (`strides` of q, k, v, dout, dk, dv in elements, their
+/// `addresses` in bytes): with 16-byte-aligned rows, f16/bf16 and head dims that are multiples of
+/// 8, the Hopper one (when `hopper`: an sm_90a GPU, switch on) for padded batches with head dims
+/// up to [`WGMMA_BWD_MAX_HEAD_DIM`] (score mods up to [`WGMMA_BWD_MODS_MAX_HEAD_DIM`]), else the
+/// tensor-core one (when `mma` allows it) up to [`MMA_BWD_MAX_HEAD_DIM`]; else the CUDA-core one.
+/// The Hopper kernel also needs tensor maps, which the caller encodes and may fall back from.
 pub(crate) fn choose(
     p: &Problem,
     (strides, addresses): (&[[usize; 3]], &[u64]),
     max_shared: usize,
-    mma: bool,
+    (mma, hopper): (bool, bool),
 ) -> BwdKernel {
     let half = matches!(p.dtype, DType::F16 | DType::BF16) && mma;
-    let dims_ok = [p.head_dim, p.head_dim_v]
-        .iter()
-        .all(|&d| d % 8 == 0 && d <= MMA_BWD_MAX_HEAD_DIM);
+    let dims = |max: usize| {
+        [p.head_dim, p.head_dim_v]
+            .iter()
+            .all(|&d| d % 8 == 0 && d <= max)
+    };
     let aligned =
         strides.iter().flatten().all(|s| s % 8 == 0) && addresses.iter().all(|a| a % 16 == 0);
+    if !(half && aligned) {
+        return BwdKernel::General(general_bwd_tile(p.head_dim, p.head_dim_v, max_shared));
+    }
+    let opts = options_of(p);
+    let mods = opts.softcap || opts.alibi || opts.bias;
+    let wgmma = wgmma_bwd_tile(p.head_dim, p.head_dim_v);
+    let wgmma_max = if mods {
+        WGMMA_BWD_MODS_MAX_HEAD_DIM
+    } else {
+        WGMMA_BWD_MAX_HEAD_DIM
+    };
+    if hopper && !p.varlen && dims(wgmma_max) && wgmma.shared_bytes() <= max_shared {
+        return BwdKernel::Wgmma(wgmma);
+    }
     let tile = mma_bwd_tile(p.head_dim, p.head_dim_v);
-    if half && dims_ok && aligned && tile.shared_bytes() <= max_shared {
+    if dims(MMA_BWD_MAX_HEAD_DIM) && tile.shared_bytes() <= max_shared {
         return BwdKernel::Mma(tile);
     }
     BwdKernel::General(general_bwd_tile(p.head_dim, p.head_dim_v, max_shared))
@@ -143,13 +167,21 @@ pub(crate) fn kernel_source(v: Variant) -> KernelSource {
             let name = format!("bwd_mma_{tname}_d{}x{}_q{}{tail}", t.dqk, t.dv, t.rows);
             (name, "flash_bwd_mma", &[MMA, BWD_MMA])
         }
+        BwdKernel::Wgmma(t) => {
+            code += &format!(
+                "#define DQK {}\n#define DV {}\n#define STAGES {}\n",
+                t.dqk, t.dv, t.stages
+            );
+            let name = format!("bwd_wgmma_{tname}_d{}x{}_s{}{tail}", t.dqk, t.dv, t.stages);
+            (name, "flash_bwd_wgmma", &[MMA, HOPPER, BWD_WGMMA])
+        }
     };
     code += &[&HEADERS[..], &[BWD_INFO], bodies].concat().join("\n");
     KernelSource {
         name,
         code,
         entry: entry.into(),
-        hopper_only: false,
+        hopper_only: matches!(v.kernel, BwdKernel::Wgmma(_)),
     }
 }
 
@@ -157,7 +189,9 @@ pub(crate) fn kernel_source(v: Variant) -> KernelSource {
 /// pass's tiles for every dtype at head dims 16, 80 and 32..=512 in steps of 32 with every score
 /// option (every `#if` branch compiled), and with none at head dim 64; the tensor-core kernel's
 /// for f16/bf16 at head dims 16..=128 in steps of 16 with every option, and with none and the
-/// mask alone at 64 and 128; the key-block kernels with every option in deterministic mode too.
+/// mask alone at 64 and 128; the key-block kernels with every option in deterministic mode too;
+/// the Hopper kernel's (sm_90a) for f16/bf16 at padded head dims 64 and 128 with none, the mask
+/// (also deterministic) and every option where it takes them (also deterministic).
 pub fn kernel_sources() -> Vec<KernelSource> {
     let mut out = Vec::new();
     let all = Options {
@@ -205,6 +239,16 @@ pub fn kernel_sources() -> Vec<KernelSource> {
                 false,
             );
             push(BwdKernel::Mma(mma_bwd_tile(d, d)), mask, false);
+        }
+        for (d, dv) in [(64, 64), (128, 128), (64, 128), (128, 64)] {
+            let t = BwdKernel::Wgmma(wgmma_bwd_tile(d, dv));
+            push(t, Options::default(), false);
+            push(t, mask, false);
+            push(t, mask, true);
+            if d.max(dv) <= WGMMA_BWD_MODS_MAX_HEAD_DIM {
+                push(t, all, false);
+                push(t, all, true);
+            }
         }
     }
     out

@@ -1,0 +1,273 @@
+// The Hopper backward key-block kernel (sm_90a, issue 65): FlashAttention-2's backward on wgmma and
+// TMA. A block owns BKB = 128 keys of one (batch, key/value head). The producer warp loads K and V
+// once, then Q, dO (TMA, 128B swizzle) and the LSE and D of BQB = 64 query rows a step into a ring
+// of STAGES slots (full and empty mbarriers), walking the query rows of the group's heads that see
+// the block. Each of the two consumer warpgroups owns 64 keys and keeps their dK, dV in f32
+// registers; a step computes
+//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ           wgmma SS (64 keys × 64 queries a warpgroup)
+//   Pᵀ = exp(Sᵀ − lse), dSᵀ = Pᵀ∘(dPᵀ − D)   on the accumulators (bwd_p_ds)
+//   dV += Pᵀ·dO, dK += dSᵀ·Q          wgmma RS (Pᵀ, dSᵀ packed to 16 bits; dO, Q MN-major)
+//   dQ = dS·K                         wgmma SS from dSᵀ in shared memory (MN-major A), the f32
+//                                     tile added to dq_accum by bulk reductions a row
+// In deterministic mode dQ and the bias gradient are left to flash_bwd_dq.
+//
+// Defines: ELEM_BF16 or ELEM_F16; DQK, DV in {64, 128} (head dims padded to 64); STAGES >= 2;
+// DETERMINISTIC; the option flags of mask.cuh. Parameters: BwdParams, then the tensor maps of Q, K,
+// V and dO (rank 4 as the forward's; boxes of 64 × BQB rows for Q and dO, 64 × BKB for K and V).
+// Grid (key blocks, key/value heads, batch); 384 threads; WGMMA_BWD_SMEM bytes of shared memory.
+
+#define NWG 2
+#define BKB 128
+#define BQB 64
+#define NT (128 * (NWG + 1))
+#define CONSUMERS (128 * NWG)
+#define Q_BYTES (BQB * DQK * 2)
+#define DO_BYTES (BQB * DV * 2)
+#define K_BYTES (BKB * DQK * 2)
+#define V_BYTES (BKB * DV * 2)
+#define DS_BYTES (BKB * BQB * 2)
+// dQ's f32 tile; rows 16 bytes longer than the head dim so the accumulators' stores spread over banks.
+#define DQ_PITCH (DQK + 4)
+#define DQ_BYTES (BQB * DQ_PITCH * 4)
+#define ROWS_BYTES (2 * BQB * 4)  // a slot's LSE·log2(e) and D
+// The consumers share dQ by columns at head dim 128 (64 each), by keys at 64 (then summed).
+#define DQ_SPLIT_COLS (DQK >= 128)
+#define DQ_N (DQ_SPLIT_COLS ? DQK / 2 : DQK)
+#define DQ_KEYS (DQ_SPLIT_COLS ? BKB : 64)
+#define WGMMA_BWD_SMEM \
+    (1024 + K_BYTES + V_BYTES + STAGES * (Q_BYTES + DO_BYTES + ROWS_BYTES) + DS_BYTES + DQ_BYTES + 8 * (1 + 2 * STAGES))
+#define PRODUCER_REGS 24
+#define CONSUMER_REGS 240
+// Named barriers of the consumers: dSᵀ written (and the last dQ tile read), dQ written, half written.
+#define DS_READY 1
+#define DQ_FULL 2
+#define DQ_HALF 3
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+    flash_bwd_wgmma(const __grid_constant__ BwdParams bp, const __grid_constant__ TmaMap tq,
+                    const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv,
+                    const __grid_constant__ TmaMap tdo) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const u32 base = smem_addr(smem);
+    const u32 sK = (base + 1023) & ~1023u;
+    const u32 sV = sK + K_BYTES;
+    const u32 sQ0 = sV + V_BYTES;
+    const u32 sdO0 = sQ0 + STAGES * Q_BYTES;
+    const u32 sdS = sdO0 + STAGES * DO_BYTES;
+    const u32 sdQ = sdS + DS_BYTES;
+    const u32 sRows = sdQ + DQ_BYTES;
+    const u32 bars = sRows + STAGES * ROWS_BYTES;
+    const u32 full_kv = bars;
+    auto full = [&](int st) { return bars + 8 * (1 + st); };
+    auto empty = [&](int st) { return bars + 8 * (1 + STAGES + st); };
+    auto at = [&](u32 addr) { return smem + (addr - base); };  // a generic pointer to a shared address
+
+    const FlashParams& p = bp.f;
+    const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, wg = tid >> 7;
+    const int b = blockIdx.z, hk = blockIdx.y, j0 = blockIdx.x * BKB;
+    const SeqInfo s0 = seq_info_at(p, b, hk * p.group);
+    if (j0 >= s0.nk) return;
+    if (tid == 0) {
+        mbarrier_init(full_kv, 1);
+        for (int st = 0; st < STAGES; ++st) {
+            mbarrier_init(full(st), 32);        // the producer warp's lanes (one with the bytes)
+            mbarrier_init(empty(st), 4 * NWG);  // one arrival per consumer warp
+        }
+    }
+    __syncthreads();
+    // Step `it`: query head hk·group + it / per_head, rows r_first + (it % per_head)·BQB on.
+    int r_first, r_end;
+    query_rows(p, s0, j0, j0 + BKB, &r_first, &r_end);
+    const int per_head = (r_end - r_first + BQB - 1) / BQB, steps = per_head * p.group;
+
+    if (wg == NWG) {
+        setmaxnreg_dec<PRODUCER_REGS>();
+        if (warp != 0) return;
+        if (lane == 0) {
+            mbarrier_arrive_expect_tx(full_kv, K_BYTES + V_BYTES);
+#pragma unroll
+            for (int c = 0; c < DQK / 64; ++c)
+                tma_load_4d(sK + c * BKB * 128, &tk, c * 64, s0.k_row0 + j0, hk, b, full_kv);
+#pragma unroll
+            for (int c = 0; c < DV / 64; ++c)
+                tma_load_4d(sV + c * BKB * 128, &tv, c * 64, s0.k_row0 + j0, hk, b, full_kv);
+        }
+        for (int it = 0; it < steps; ++it) {
+            const int st = it % STAGES, ph = (it / STAGES) & 1;
+            const SeqInfo s = seq_info_at(p, b, hk * p.group + it / per_head);
+            const int i0 = r_first + (it % per_head) * BQB;
+            mbarrier_wait(empty(st), ph ^ 1);
+            float* rows = (float*)at(sRows + st * ROWS_BYTES);
+            for (int r = lane; r < BQB; r += 32) {
+                const bool in = i0 + r < s.nq;
+                rows[r] = in ? p.lse[lse_index(p, s, i0 + r)] * LOG2E : NEG_INF;
+                rows[BQB + r] = in ? bp.delta[lse_index(p, s, i0 + r)] : 0.f;
+            }
+            if (lane != 0) {
+                mbarrier_arrive(full(st));
+                continue;
+            }
+            mbarrier_arrive_expect_tx(full(st), Q_BYTES + DO_BYTES);
+#pragma unroll
+            for (int c = 0; c < DQK / 64; ++c)
+                tma_load_4d(sQ0 + st * Q_BYTES + c * BQB * 128, &tq, c * 64, s.q_row0 + i0, s.h, b, full(st));
+#pragma unroll
+            for (int c = 0; c < DV / 64; ++c)
+                tma_load_4d(sdO0 + st * DO_BYTES + c * BQB * 128, &tdo, c * 64, s.q_row0 + i0, s.h, b, full(st));
+        }
+        return;
+    }
+
+    setmaxnreg_inc<CONSUMER_REGS>();
+    const int g = lane >> 2, t = lane & 3;
+    const int kw = 64 * wg;  // this warpgroup's first key within the block
+    float dk[DQK / 2], dv[DV / 2];
+#pragma unroll
+    for (int x = 0; x < DQK / 2; ++x) dk[x] = 0.f;
+#pragma unroll
+    for (int x = 0; x < DV / 2; ++x) dv[x] = 0.f;
+#if !DETERMINISTIC
+    const bool reducer = wg == 0 && warp == 0;  // the warp that issues dQ's bulk reductions
+#endif
+    mbarrier_wait(full_kv, 0);
+
+    for (int it = 0; it < steps; ++it) {
+        const int st = it % STAGES, ph = (it / STAGES) & 1;
+        const SeqInfo s = seq_info_at(p, b, hk * p.group + it / per_head);
+        const int i0 = r_first + (it % per_head) * BQB;
+        const u32 sQ = sQ0 + st * Q_BYTES, sdO = sdO0 + st * DO_BYTES;
+        const float* rows = (const float*)at(sRows + st * ROWS_BYTES);
+        mbarrier_wait(full(st), ph);
+
+        float sa[BQB / 2], dpa[BQB / 2];
+        wgmma_fence();
+        {
+            const u64 kd = desc_sw128(opaque(sK + kw * 128)), qd = desc_sw128(opaque(sQ));
+#pragma unroll
+            for (int ks = 0; ks < DQK / 16; ++ks)
+                wgmma_ss<BQB>(sa, desc_advance(kd, sw128_k_offset(ks, BKB)), desc_advance(qd, sw128_k_offset(ks, BQB)),
+                              ks > 0);
+            const u64 vd = desc_sw128(opaque(sV + kw * 128)), od = desc_sw128(opaque(sdO));
+#pragma unroll
+            for (int ks = 0; ks < DV / 16; ++ks)
+                wgmma_ss<BQB>(dpa, desc_advance(vd, sw128_k_offset(ks, BKB)), desc_advance(od, sw128_k_offset(ks, BQB)),
+                              ks > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_operands(sa);
+        wgmma_fence_operands(dpa);
+
+        // Element x: key j0 + kw + 16 warp + g + 8 ((x >> 1) & 1), query i0 + 8 (x >> 2) + 2t + (x & 1).
+        const float slope = alibi_slope(p, s);
+        const bool full_step = i0 + BQB <= s.nq && block_is_full(p, s, i0, i0 + BQB, j0, BKB);
+#pragma unroll
+        for (int x = 0; x < BQB / 2; ++x) {
+            const int r = 8 * (x >> 2) + 2 * t + (x & 1), i = i0 + r;
+            const int j = j0 + kw + 16 * warp + g + 8 * ((x >> 1) & 1);
+            const float lse2 = rows[r];
+            float pr = 0.f, ds = 0.f;
+            if (lse2 != NEG_INF && (full_step || (i < s.nq && visible(p, s, i, j))))
+                ds = bwd_p_ds(bp, s, sa[x], dpa[x], i, j, lse2, rows[BQB + r], slope, &pr);
+            sa[x] = pr;
+            dpa[x] = ds;
+        }
+        u32 pp[BQB / 16][4], pds[BQB / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BQB / 16; ++kk)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                pp[kk][q] = pack2(sa[8 * kk + 2 * q], sa[8 * kk + 2 * q + 1]);
+                pds[kk][q] = pack2(dpa[8 * kk + 2 * q], dpa[8 * kk + 2 * q + 1]);
+            }
+#if !DETERMINISTIC
+        // dSᵀ as dS's MN-major A operand: a 128-byte swizzled row of 64 queries per key.
+#pragma unroll
+        for (int x = 0; x < BQB / 2; x += 2) {
+            const int key = kw + 16 * warp + g + 8 * ((x >> 1) & 1);
+            *(u32*)at(sdS + sw128_offset(key, 8 * (x >> 2) + 2 * t, BKB)) = pds[x >> 3][(x >> 1) & 3];
+        }
+#endif
+        wgmma_fence();
+        {
+            const u64 od = desc_sw128_mn(opaque(sdO), BQB * 128), qd = desc_sw128_mn(opaque(sQ), BQB * 128);
+#pragma unroll
+            for (int kk = 0; kk < BQB / 16; ++kk) wgmma_rs<DV, 1>(dv, pp[kk], desc_advance(od, sw128_mn_k_offset(kk)), 1);
+#pragma unroll
+            for (int kk = 0; kk < BQB / 16; ++kk)
+                wgmma_rs<DQK, 1>(dk, pds[kk], desc_advance(qd, sw128_mn_k_offset(kk)), 1);
+        }
+        wgmma_commit();
+#if !DETERMINISTIC
+        if (reducer) bulk_wait_read<0>();  // the last step's reductions have read the dQ tile
+        fence_proxy_async();
+        bar_sync(DS_READY, CONSUMERS);
+        float dq[DQ_N / 2];
+        wgmma_fence();
+        {
+            const u32 kd0 = DQ_SPLIT_COLS ? sK + wg * BKB * 128 : sK + kw * 128;
+            const u64 ad = desc_sw128_mn(opaque(DQ_SPLIT_COLS ? sdS : sdS + kw * 128), BKB * 128);
+            const u64 kd = desc_sw128_mn(opaque(kd0), BKB * 128);
+#pragma unroll
+            for (int kk = 0; kk < DQ_KEYS / 16; ++kk)
+                wgmma_ss<DQ_N, 1, 1>(dq, desc_advance(ad, sw128_mn_k_offset(kk)), desc_advance(kd, sw128_mn_k_offset(kk)),
+                                     kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_operands(dq);
+#else
+        wgmma_wait<0>();
+#endif
+        wgmma_fence_operands(dv);
+        wgmma_fence_operands(dk);
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(empty(st));  // Q, dO, LSE and D of this slot are read
+#if !DETERMINISTIC
+        // dQ's tile: query row 16 warp + g + 8 ((x >> 1) & 1), column 8 (x >> 2) + 2t + (x & 1).
+        float* dqs = (float*)at(sdQ) + (DQ_SPLIT_COLS ? wg * DQ_N : 0);
+        if (!DQ_SPLIT_COLS && wg == 1) bar_sync(DQ_HALF, CONSUMERS);
+#pragma unroll
+        for (int x = 0; x < DQ_N / 2; x += 2) {
+            float2* at2 = (float2*)(dqs + (16 * warp + g + 8 * ((x >> 1) & 1)) * DQ_PITCH + 8 * (x >> 2) + 2 * t);
+            float2 v = make_float2(dq[x], dq[x + 1]);
+            if (!DQ_SPLIT_COLS && wg == 1) {
+                const float2 o = *at2;
+                v.x += o.x;
+                v.y += o.y;
+            }
+            *at2 = v;
+        }
+        if (!DQ_SPLIT_COLS && wg == 0) bar_arrive(DQ_HALF, CONSUMERS);
+        fence_proxy_async();
+        bar_sync(DQ_FULL, CONSUMERS);
+        if (reducer) {
+            for (int r = lane; r < BQB && i0 + r < s.nq; r += 32)
+                bulk_reduce_add_f32(accum_row(bp, s, i0 + r), sdQ + r * DQ_PITCH * 4, p.head_dim * 4);
+            bulk_commit();
+        }
+#endif
+    }
+
+    // dK·scale and dV of this warpgroup's keys, rows past the sequence's keys skipped.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int key = j0 + kw + 16 * warp + g + 8 * h;
+        if (key >= s0.nk) continue;
+        elem_t* dkr = dk_rows(bp, s0) + (i64)key * bp.dk_row;
+        elem_t* dvr = dv_rows(bp, s0) + (i64)key * bp.dv_row;
+#pragma unroll
+        for (int n = 0; n < DQK / 8; ++n) {
+            const int col = 8 * n + 2 * t;
+            if (col < p.head_dim) *(u32*)(dkr + col) = pack2(dk[4 * n + 2 * h] * p.scale, dk[4 * n + 2 * h + 1] * p.scale);
+        }
+#pragma unroll
+        for (int n = 0; n < DV / 8; ++n) {
+            const int col = 8 * n + 2 * t;
+            if (col < p.head_dim_v) *(u32*)(dvr + col) = pack2(dv[4 * n + 2 * h], dv[4 * n + 2 * h + 1]);
+        }
+    }
+#if !DETERMINISTIC
+    if (reducer) bulk_wait<0>();
+#endif
+}
