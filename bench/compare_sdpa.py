@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""flashattn's GPU forward next to PyTorch's scaled_dot_product_attention, in one run on one GPU.
+"""flashattn's GPU attention next to PyTorch's scaled_dot_product_attention, in one run on one GPU.
 
 Runs the Rust driver (examples/cuda_bench.rs, built with `cargo build --release --example
 cuda_bench`) for flashattn's times and torch SDPA with the FlashAttention-2 backend
@@ -8,7 +8,9 @@ and dtype. The methods are interleaved shape by shape and the sweep is repeated 
 order of flashattn and torch swapped every round), so a GPU whose clock drifts or that slows down
 for a while slows every method alike. Every time is the median of all CUDA-event samples of all
 rounds, each round after a warm-up; inputs are fresh random values (torch.randn), never zeros.
-TFLOP/s = 4·B·H·N²·D / time (causal: half the FLOPs).
+TFLOP/s = 4·B·H·N²·D / time (causal: half the FLOPs), times 2.5 for the backward (--pass
+backward: torch's autograd backward of one SDPA call against flashattn's backward_into) and 3.5
+for the forward and backward together (--pass fwdbwd).
 
     python3 bench/compare_sdpa.py --bin target/release/examples/cuda_bench --json out.json
 
@@ -33,6 +35,7 @@ def parse_args():
     p.add_argument("--head-dims", default="64,128")
     p.add_argument("--causal", default="both", choices=["both", "true", "false"])
     p.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
+    p.add_argument("--pass", dest="pass_", default="forward", choices=["forward", "backward", "fwdbwd"])
     p.add_argument("--tokens", type=int, default=16384, help="batch · seqlen")
     p.add_argument("--model-dim", type=int, default=2048, help="heads · head_dim")
     p.add_argument("--warmup", type=int, default=5)
@@ -51,7 +54,7 @@ def run_flashattn(args, seqlens, head_dims, causal, standard, quiet=False):
         cmd = [args.bin, "--seqlens", seqlens, "--head-dims", head_dims,
                "--causal", causal, "--dtype", args.dtype, "--tokens", str(args.tokens),
                "--model-dim", str(args.model_dim), "--warmup", str(args.warmup),
-               "--samples", str(args.samples), "--json", out]
+               "--samples", str(args.samples), "--pass", args.pass_, "--json", out]
         if standard:
             cmd.append("--standard")
         if not quiet:
@@ -88,25 +91,34 @@ def run_torch(args, shapes, gen):
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
     backends = {"torch-fa2": SDPBackend.FLASH_ATTENTION, "torch-cudnn": SDPBackend.CUDNN_ATTENTION}
     rows = []
+    grad = args.pass_ != "forward"
     for (b, n, h, d, causal) in shapes:
-        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen)
-                   for _ in range(3))
+        q, k, v, dout = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen)
+                         for _ in range(4))
+        for x in (q, k, v):
+            x.requires_grad_(grad)
+        sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        out = None
         for name, backend in backends.items():
-            row = {"method": name, "dtype": args.dtype, "pass": "forward", "batch": b,
+            row = {"method": name, "dtype": args.dtype, "pass": args.pass_, "batch": b,
                    "heads": h, "seqlen_q": n, "seqlen_k": n, "head_dim": d, "causal": causal}
             try:
                 with sdpa_kernel(backend):
-                    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    out = sdpa()
                     assert torch.isfinite(out).all(), "non-finite output"
-                    t = time_torch(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                                   args.warmup, args.samples)
+                    call = {
+                        "forward": sdpa,
+                        "backward": lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True),
+                        "fwdbwd": lambda: torch.autograd.grad(sdpa(), (q, k, v), dout),
+                    }[args.pass_]
+                    t = time_torch(call, args.warmup, args.samples)
                 row.update(time_ms=statistics.median(t), samples_ms=t, error=None)
             except Exception as e:  # a backend that does not take this shape: reported, not fatal
                 row.update(time_ms=None, samples_ms=[], error=f"{type(e).__name__}: {e}")
                 print(f"{name} B={b} N={n} H={h} D={d} causal={causal}: {row['error']}",
                       file=sys.stderr)
             rows.append(row)
-        del q, k, v
+        del q, k, v, dout, out
         torch.cuda.empty_cache()
     return rows
 
@@ -161,7 +173,7 @@ def main():
                     rows += run_torch(args, [s], gen)
     rows = merge_rounds(rows)
     for r in rows:
-        flops = 4.0 * r["batch"] * r["heads"] * r["seqlen_q"] * r["seqlen_k"] * r["head_dim"]
+        flops = {"forward": 1.0, "backward": 2.5, "fwdbwd": 3.5}[args.pass_] * 4.0 * r["batch"] * r["heads"] * r["seqlen_q"] * r["seqlen_k"] * r["head_dim"]
         if r["causal"]:
             flops /= 2
         r["flops"] = flops
@@ -183,7 +195,8 @@ def main():
     rounds = 1 if args.no_torch else args.rounds
     print(f"{args.dtype}, batch·N = {args.tokens}, heads·D = {args.model_dim}; TFLOP/s (median of "
           f"{rounds}×{args.samples} samples, interleaved rounds of {args.warmup} warm-up + "
-          f"{args.samples}), FLOPs = 4·B·H·N²·D (causal /2)")
+          f"{args.samples}), {args.pass_}, FLOPs = 4·B·H·N²·D (causal /2) × "
+          f"{ {'forward': 1, 'backward': 2.5, 'fwdbwd': 3.5}[args.pass_]}")
     head = f"{'D':>4} {'causal':>6} {'N':>6} {'B':>3} {'H':>3} |" + \
         "".join(f" {m:>11}" for m in methods)
     if not args.no_torch:
@@ -207,7 +220,7 @@ def main():
         print(line)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": fa["device"], "dtype": args.dtype, "results": rows,
+            json.dump({"device": fa["device"], "dtype": args.dtype, "pass": args.pass_, "results": rows,
                        "summary": summary, "compile_records": fa.get("compile_records", [])},
                       f, indent=1)
         print(f"wrote {args.json}")

@@ -1,12 +1,13 @@
-//! GPU forward timings for `bench/compare_sdpa.py`: flashattn (and optionally the GPU standard
-//! attention) on the shapes of the CUDA issue, timed with CUDA events (warm-up, then the median of
+//! GPU timings for `bench/compare_sdpa.py`: flashattn's forward, backward or both (and optionally
+//! the GPU standard attention's forward) on the shapes of the CUDA issue, timed with CUDA events (warm-up, then the median of
 //! several samples), written as JSON.
 //!
 //! `cargo run --release --example cuda_bench -- --json out.json`
 //!
 //! Shapes: for each head dim D and sequence length N, batch = tokens / N and heads = model_dim / D
 //! (defaults: 16384 tokens, model dim 2048, so every shape moves the same q, k, v). FLOPs are
-//! `4·B·H·N²·D`, halved when causal. Inputs are fresh random values in `[-1.7, 1.7)`, stored
+//! `4·B·H·N²·D`, halved when causal, times 2.5 for the backward and 3.5 for both. The backward
+//! writes into the gradients of an untimed first call (`backward_into`), as a training loop would. Inputs are fresh random values in `[-1.7, 1.7)`, stored
 //! `[batch, seqlen, heads, dim]`.
 //!
 //! Needs a CUDA device; exits with status 1 and the reason otherwise.
@@ -21,7 +22,7 @@ mod bench {
 
     /// Command-line options.
     #[derive(Parser, Debug)]
-    #[command(about = "Time flashattn's GPU forward on the CUDA issue's shapes")]
+    #[command(about = "Time flashattn's GPU attention on the CUDA issue's shapes")]
     pub struct Args {
         /// Sequence lengths.
         #[arg(long, value_delimiter = ',', default_values_t = [512usize, 1024, 2048, 4096, 8192, 16384])]
@@ -47,7 +48,10 @@ mod bench {
         /// Timed calls (the median is reported).
         #[arg(long, default_value_t = 20)]
         samples: usize,
-        /// Also time the GPU standard attention (materializes the score matrix).
+        /// forward, backward, or fwdbwd (the forward and then the backward).
+        #[arg(long, default_value = "forward")]
+        pass: String,
+        /// Also time the GPU standard attention's forward (materializes the score matrix).
         #[arg(long)]
         standard: bool,
         /// GPU ordinal.
@@ -96,7 +100,20 @@ mod bench {
                 .and_then(|t| t.to_device(gpu))
                 .map_err(err)
         };
-        let (q, k, v) = (operand()?, operand()?, operand()?);
+        let (q, k, v, dout) = (operand()?, operand()?, operand()?, operand()?);
+        let pass_flops = match args.pass.as_str() {
+            "forward" => 1.0,
+            "backward" => 2.5,
+            "fwdbwd" => 3.5,
+            other => {
+                return Err(format!(
+                    "--pass: expected forward, backward or fwdbwd, got `{other}`"
+                ));
+            }
+        };
+        if args.standard && args.pass != "forward" {
+            return Err("--standard times the forward only".into());
+        }
         let mut rows = Vec::new();
         println!(
             "{:>5} {:>6} {:>3} {:>6} {:>4} | {:>10} {:>8} | {:>10} {:>8}",
@@ -115,32 +132,58 @@ mod bench {
                     let shape = [b, n, h, d];
                     let strides = [n * h * d, h * d, d, 1];
                     let view = |t: &Tensor| t.view(&shape, &strides, 0).map_err(err);
-                    let (qv, kv, vv) = (view(&q)?, view(&k)?, view(&v)?);
+                    let (qv, kv, vv, dov) = (view(&q)?, view(&k)?, view(&v)?, view(&dout)?);
                     let p = if causal {
                         AttentionParams::default().causal()
                     } else {
                         AttentionParams::default()
                     };
-                    let flops =
-                        4.0 * (b * h * d) as f64 * (n * n) as f64 / if causal { 2.0 } else { 1.0 };
+                    let flops = pass_flops * 4.0 * (b * h * d) as f64 * (n * n) as f64
+                        / if causal { 2.0 } else { 1.0 };
                     let mut cells = Vec::new();
                     let methods: &[&str] = if args.standard {
                         &["flashattn", "standard"]
                     } else {
                         &["flashattn"]
                     };
+                    // The backward's inputs and the gradients it writes into.
+                    let mut fwd = flashattn::forward(&qv, &kv, &vv, &p).map_err(err)?;
+                    let mut grads = match args.pass.as_str() {
+                        "forward" => None,
+                        _ => Some(
+                            flashattn::backward(&qv, &kv, &vv, &fwd.out, &fwd.lse, &dov, &p)
+                                .map_err(err)?,
+                        ),
+                    };
                     for &method in methods {
-                        let run = || -> flashattn::Result<()> {
-                            let r = if method == "flashattn" {
-                                flashattn::forward(&qv, &kv, &vv, &p)
-                            } else {
-                                standard::forward(&qv, &kv, &vv, &p)
-                            };
-                            r.map(drop)
+                        let mut run = || -> flashattn::Result<()> {
+                            if method == "standard" {
+                                return standard::forward(&qv, &kv, &vv, &p).map(drop);
+                            }
+                            if args.pass != "backward" {
+                                flashattn::forward_into(
+                                    &qv,
+                                    &kv,
+                                    &vv,
+                                    &p,
+                                    &mut fwd.out,
+                                    &mut fwd.lse,
+                                )?;
+                            }
+                            match grads.as_mut() {
+                                Some(g) => flashattn::backward_into(
+                                    &qv, &kv, &vv, &fwd.out, &fwd.lse, &dov, &p, g,
+                                ),
+                                None => Ok(()),
+                            }
                         };
-                        let timed =
-                            flashattn::cuda::time_ms(args.device, args.warmup, args.samples, run)
-                                .and_then(|t| flashattn::cuda::synchronize(args.device).map(|_| t));
+                        let timed = flashattn::cuda::time_ms(
+                            args.device,
+                            args.warmup,
+                            args.samples,
+                            &mut run,
+                        )
+                        .and_then(|t| flashattn::cuda::synchronize(args.device).map(|_| t));
                         let (time_ms, samples, error) = match timed {
                             Ok(t) => (median(&t), t, None),
                             Err(e) => (f64::NAN, Vec::new(), Some(e.to_string())),
@@ -157,7 +200,7 @@ mod bench {
                             "method": method,
                             "device": info,
                             "dtype": args.dtype.name(),
-                            "pass": "forward",
+                            "pass": args.pass,
                             "batch": b,
                             "heads": h,
                             "seqlen_q": n,

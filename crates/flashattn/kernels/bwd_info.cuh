@@ -68,17 +68,22 @@ __device__ __forceinline__ void atomic_add_f32(float* addr, float v) {
 __device__ __forceinline__ float bwd_p_ds(const BwdParams& bp, const SeqInfo& s, float dot, float dp, int i, int j,
                                           float lse2, float delta, float slope, float* pr) {
     const FlashParams& p = bp.f;
-#if SCORE_MODS
-    const float x = score_mods(p, s, dot, i, j, slope, bias_row_ptr(p, s, i)) * LOG2E;
+#if HAS_SOFTCAP
+    // One tanh for the score and the softcap's factor 1 - tanh^2.
+    const float th = tanhf(dot * p.scale / p.softcap);
+    const float x = score_bias(p, s, p.softcap * th, i, j, slope, bias_row_ptr(p, s, i)) * LOG2E;
+    const float grad = 1.f - th * th;
+#elif SCORE_MODS
+    const float x = score_mods(p, s, dot, i, j, slope, bias_row_ptr(p, s, i)) * LOG2E, grad = 1.f;
 #else
-    const float x = dot * p.scale_log2;
+    const float x = dot * p.scale_log2, grad = 1.f;
 #endif
     *pr = fast_exp2(x - lse2);
     const float ds = *pr * (dp - delta);
 #if HAS_BIAS && !DETERMINISTIC
     atomic_add_f32(dbias_at(bp, s, i, j), ds);
 #endif
-    return ds * score_mods_grad(p, dot);
+    return ds * grad;
 }
 
 // The deterministic dQ pass's partial bias gradient of query block `blk`, key `j`.

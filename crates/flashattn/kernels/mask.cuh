@@ -63,6 +63,19 @@ __device__ __forceinline__ bool block_is_full(const FlashParams& p, const SeqInf
 
 // ---- score mods, in the fixed order: s = q.k * scale -> softcap -> alibi + bias -> mask ----------
 
+// The mods after the softcap (ALiBi and the bias) on a softcapped score `x`.
+template <typename T>
+__device__ __forceinline__ T score_bias(const FlashParams& p, const SeqInfo& s, T x, int i, int j, float slope,
+                                        const float* bias_row) {
+#if HAS_ALIBI
+    x -= (T)slope * (T)abs(i + s.diag - j);
+#endif
+#if HAS_BIAS
+    if (i < s.nq && j < s.nk) x += (T)bias_row[(i64)j * p.bias_col];
+#endif
+    return x;
+}
+
 // Score of query `i`, key `j` (both within the sequence) from the raw dot product, in natural units.
 // `slope` is the ALiBi slope of this (batch, head); `bias_row` points at bias[b, h, i, 0].
 // T is float (tensor-core kernel) or double (CUDA-core kernel, see flash_fwd_general.cu).
@@ -73,13 +86,7 @@ __device__ __forceinline__ T score_mods(const FlashParams& p, const SeqInfo& s, 
 #if HAS_SOFTCAP
     x = (T)p.softcap * tanh(x / (T)p.softcap);
 #endif
-#if HAS_ALIBI
-    x -= (T)slope * (T)abs(i + s.diag - j);
-#endif
-#if HAS_BIAS
-    if (i < s.nq && j < s.nk) x += (T)bias_row[(i64)j * p.bias_col];
-#endif
-    return x;
+    return score_bias(p, s, x, i, j, slope, bias_row);
 }
 
 // d score / d (q.k * scale) at raw dot product `dot`: the softcap's 1 - tanh^2, else 1 (ALiBi and

@@ -266,8 +266,8 @@ fn kernel_choice() {
 
 /// The Hopper kernel (on sm_90a GPUs; elsewhere skipped with a note): lengths about its 128-key
 /// blocks and 64-row steps, causal with Nq ≠ Nk both ways, windows, GQA and MQA, head dims 32 to
-/// 128 and V's apart, every score option at head dims up to 64, `[B, H, N, D]` storage; then the
-/// problems it leaves to the tensor-core kernel (score mods at 128, varlen).
+/// 128 and V's apart, every score option (the softcap at head dims up to 64), `[B, H, N, D]`
+/// storage; then the problems it leaves to the tensor-core kernel (a softcap at 128, varlen).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn hopper_kernel() {
@@ -309,6 +309,12 @@ fn hopper_kernel() {
             .alibi(Alibi::PerHead)
             .bias([false, true, true, true])
             .scale(-0.3),
+        Case::new(203, 113, 128)
+            .dtype(f16)
+            .heads(4, 2)
+            .window(Some(50), Some(10))
+            .alibi(Alibi::PerHead)
+            .bias([true, false, true, true]),
     ];
     let others = [
         Case::new(113, 203, 128).dtype(bf16).softcap(10.0),
@@ -318,10 +324,18 @@ fn hopper_kernel() {
             .varlen(&[(65, 200), (1, 7)]),
     ];
     for (n, case) in wgmma.iter().chain(&others).enumerate() {
-        check_gpu_backward_cases("backward hopper", 285_000 + n as u64, std::slice::from_ref(case));
+        check_gpu_backward_cases(
+            "backward hopper",
+            285_000 + n as u64,
+            std::slice::from_ref(case),
+        );
         let kernel = last_cuda_backward_kernel().expect("a backward ran");
         println!("{}: {kernel}", common::describe(case));
-        assert_eq!(kernel.starts_with("bwd_wgmma_"), n < wgmma.len(), "{kernel}");
+        assert_eq!(
+            kernel.starts_with("bwd_wgmma_"),
+            n < wgmma.len(),
+            "{kernel}"
+        );
     }
 }
 

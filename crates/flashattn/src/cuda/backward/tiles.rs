@@ -55,10 +55,10 @@ pub(crate) fn mma_bwd_tile(dqk: usize, dv: usize) -> MmaBwdTile {
 
 /// Hopper kernel (`kernels/flash_bwd_wgmma.cu`, sm_90a, f16/bf16): a producer warp and two
 /// consumer warpgroups of 64 keys each, so 128 keys a block, 64 query rows a step, head dims padded
-/// to 64 up to [`WGMMA_BWD_MAX_HEAD_DIM`]; score mods only up to [`WGMMA_BWD_MODS_MAX_HEAD_DIM`]
-/// (at 128 they spill).
+/// to 64 up to [`WGMMA_BWD_MAX_HEAD_DIM`]; a softcap only up to
+/// [`WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM`] (its tanh spills at 128).
 pub(crate) const WGMMA_BWD_MAX_HEAD_DIM: usize = 128;
-pub(crate) const WGMMA_BWD_MODS_MAX_HEAD_DIM: usize = 64;
+pub(crate) const WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM: usize = 64;
 /// Threads, keys and query rows a step of the Hopper kernel's block.
 pub(crate) const WGMMA_BWD_THREADS: usize = 384;
 pub(crate) const WGMMA_BWD_KEYS: usize = 128;
@@ -80,7 +80,10 @@ impl WgmmaBwdTile {
     pub(crate) fn shared_bytes(&self) -> usize {
         let (keys, rows) = (WGMMA_BWD_KEYS, WGMMA_BWD_ROWS);
         let ring = self.stages * (2 * rows * (self.dqk + self.dv) + 8 * rows);
-        1024 + 2 * keys * (self.dqk + self.dv) + ring + 2 * keys * rows + 4 * rows * (self.dqk + 4)
+        1024 + 2 * keys * (self.dqk + self.dv)
+            + ring
+            + 2 * keys * rows
+            + 4 * rows * (self.dqk + 4)
             + 8 * (1 + 2 * self.stages)
     }
 }

@@ -3,7 +3,7 @@
 
 use super::tiles::{
     GENERAL_BWD_THREADS, GeneralBwdTile, MMA_BWD_MAX_HEAD_DIM, MMA_BWD_WARPS, MmaBwdTile,
-    WGMMA_BWD_KEYS, WGMMA_BWD_MAX_HEAD_DIM, WGMMA_BWD_MODS_MAX_HEAD_DIM, WGMMA_BWD_THREADS,
+    WGMMA_BWD_KEYS, WGMMA_BWD_MAX_HEAD_DIM, WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM, WGMMA_BWD_THREADS,
     WgmmaBwdTile, all_general_bwd_tiles, general_bwd_tile, mma_bwd_tile, wgmma_bwd_tile,
 };
 use crate::cuda::compile::KernelSource;
@@ -77,7 +77,7 @@ pub(crate) fn options_of(p: &Problem) -> Options {
 /// The key-block kernel for `p` (`strides` of q, k, v, dout, dk, dv in elements, their
 /// `addresses` in bytes): with 16-byte-aligned rows, f16/bf16 and head dims that are multiples of
 /// 8, the Hopper one (when `hopper`: an sm_90a GPU, switch on) for padded batches with head dims
-/// up to [`WGMMA_BWD_MAX_HEAD_DIM`] (score mods up to [`WGMMA_BWD_MODS_MAX_HEAD_DIM`]), else the
+/// up to [`WGMMA_BWD_MAX_HEAD_DIM`] (a softcap up to [`WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM`]), else the
 /// tensor-core one (when `mma` allows it) up to [`MMA_BWD_MAX_HEAD_DIM`]; else the CUDA-core one.
 /// The Hopper kernel also needs tensor maps, which the caller encodes and may fall back from.
 pub(crate) fn choose(
@@ -97,11 +97,9 @@ pub(crate) fn choose(
     if !(half && aligned) {
         return BwdKernel::General(general_bwd_tile(p.head_dim, p.head_dim_v, max_shared));
     }
-    let opts = options_of(p);
-    let mods = opts.softcap || opts.alibi || opts.bias;
     let wgmma = wgmma_bwd_tile(p.head_dim, p.head_dim_v);
-    let wgmma_max = if mods {
-        WGMMA_BWD_MODS_MAX_HEAD_DIM
+    let wgmma_max = if p.softcap.is_some() {
+        WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM
     } else {
         WGMMA_BWD_MAX_HEAD_DIM
     };
@@ -191,7 +189,7 @@ pub(crate) fn kernel_source(v: Variant) -> KernelSource {
 /// for f16/bf16 at head dims 16..=128 in steps of 16 with every option, and with none and the
 /// mask alone at 64 and 128; the key-block kernels with every option in deterministic mode too;
 /// the Hopper kernel's (sm_90a) for f16/bf16 at padded head dims 64 and 128 with none, the mask
-/// (also deterministic) and every option where it takes them (also deterministic).
+/// (also deterministic) and every option it takes (also deterministic: the softcap at 64 only).
 pub fn kernel_sources() -> Vec<KernelSource> {
     let mut out = Vec::new();
     let all = Options {
@@ -245,10 +243,12 @@ pub fn kernel_sources() -> Vec<KernelSource> {
             push(t, Options::default(), false);
             push(t, mask, false);
             push(t, mask, true);
-            if d.max(dv) <= WGMMA_BWD_MODS_MAX_HEAD_DIM {
-                push(t, all, false);
-                push(t, all, true);
-            }
+            let mods = Options {
+                softcap: d.max(dv) <= WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM,
+                ..all
+            };
+            push(t, mods, false);
+            push(t, mods, true);
         }
     }
     out
