@@ -7,9 +7,10 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 /// What the Python side passes for a tensor: `(data_ptr, dtype, shape, strides, device, owner)`,
-/// `data_ptr` the address of the view's first element, `strides` in elements, `device` `"cpu"`
-/// or `"cuda:N"`, `owner` the Python object holding the memory.
-pub(crate) type Desc = (usize, String, Vec<usize>, Vec<isize>, String, Py<PyAny>);
+/// `data_ptr` the address of the view's first element, `strides` in elements, `device` -1 for
+/// the CPU or the GPU's ordinal (torch's `get_device()`), `owner` the Python object holding the
+/// memory.
+pub(crate) type Desc = (usize, String, Vec<usize>, Vec<isize>, i64, Py<PyAny>);
 
 /// The flashattn dtype of a torch dtype name (`float32`, `float16`, `bfloat16`).
 fn dtype_of(arg: &str, name: &str) -> PyResult<DType> {
@@ -29,16 +30,16 @@ enum Place {
     Cuda(usize),
 }
 
-/// The place of the device name `device` (`cpu`, `cuda:N`).
-fn place_of(arg: &str, device: &str) -> PyResult<Place> {
-    if device == "cpu" {
-        return Ok(Place::Cpu);
-    }
-    match device.strip_prefix("cuda:").map(str::parse) {
-        Some(Ok(ordinal)) => Ok(Place::Cuda(ordinal)),
-        _ => Err(PyValueError::new_err(format!(
-            "invalid argument `{arg}`: expected a tensor on cpu or cuda:N, got one on {device}"
-        ))),
+/// The place of the device number `device` (-1: the CPU, N: `cuda:N`).
+fn place_of(arg: &str, device: i64) -> PyResult<Place> {
+    match device {
+        -1 => Ok(Place::Cpu),
+        n => usize::try_from(n).map(Place::Cuda).map_err(|_| {
+            PyValueError::new_err(format!(
+                "invalid argument `{arg}`: expected a tensor on the CPU (-1) or a GPU (its \
+                 ordinal), got device {n}"
+            ))
+        }),
     }
 }
 
@@ -50,7 +51,7 @@ fn place_of(arg: &str, device: &str) -> PyResult<Place> {
 /// is queued, nor read by anything else while it receives an output.
 pub(crate) unsafe fn tensor(py: Python<'_>, arg: &str, desc: &Desc) -> PyResult<Tensor> {
     let (ptr, dtype, shape, strides, device, owner) = desc;
-    let place = place_of(arg, device)?;
+    let place = place_of(arg, *device)?;
     let dtype = dtype_of(arg, dtype)?;
     let strides: Vec<usize> = strides
         .iter()

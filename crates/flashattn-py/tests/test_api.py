@@ -1,12 +1,14 @@
-"""numpy input, errors, torch.compile and opcheck."""
+"""numpy input, errors, torch.compile, opcheck, and the eager path beside the operators."""
 
 import numpy as np
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import flashattn._native as native
 from check import randn
-from flashattn import flash_attn_func, flash_attn_varlen_func
+from flashattn import _ops, flash_attn_func, flash_attn_varlen_func
 
 
 def qkv(b=2, nq=7, nk=65, h=4, hk=2, d=40, dtype=torch.float32):
@@ -56,22 +58,22 @@ def test_other_devices_are_refused_with_a_clear_error():
     q, k, v = qkv()
     with pytest.raises(ValueError, match="only CPU and CUDA tensors"):
         flash_attn_func(q.to("meta"), k, v)
-    # The native module checks the device name itself, before any memory is touched.
-    desc = lambda t, dev="cpu": (t.data_ptr(), "float32", list(t.shape), list(t.stride()), dev, t)
+    # The native module checks the device number itself, before any memory is touched.
+    desc = lambda t, dev=-1: (t.data_ptr(), "float32", list(t.shape), list(t.stride()), dev, t)
     opts = (None, (None, None), None, None, None, None, False)
     out, lse = torch.empty_like(q), torch.empty(2, 4, 7)
-    with pytest.raises(ValueError, match="`q`: expected a tensor on cpu or cuda:N, got one on xpu:0"):
-        native.forward((desc(q, "xpu:0"), desc(k), desc(v)), (desc(out), desc(lse)), opts)
+    with pytest.raises(ValueError, match=r"`q`: expected a tensor on the CPU \(-1\) or a GPU \(its ordinal\), got device -2"):
+        native.forward((desc(q, -2), desc(k), desc(v)), (desc(out), desc(lse)), opts)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there")
 def test_cuda_without_a_gpu_is_a_runtime_error():
     q, k, v = qkv()
-    desc = lambda t, dev="cpu": (t.data_ptr(), "float32", list(t.shape), list(t.stride()), dev, t)
+    desc = lambda t, dev=-1: (t.data_ptr(), "float32", list(t.shape), list(t.stride()), dev, t)
     opts = (None, (None, None), None, None, None, None, False)
     out, lse = torch.empty_like(q), torch.empty(2, 4, 7)
     with pytest.raises(RuntimeError, match="q: no CUDA driver"):
-        native.forward((desc(q, "cuda:0"), desc(k), desc(v)), (desc(out), desc(lse)), opts)
+        native.forward((desc(q, 0), desc(k), desc(v)), (desc(out), desc(lse)), opts)
 
 
 def test_nvrtc_of_the_loader_or_of_the_nvidia_wheels_is_found():
@@ -146,3 +148,41 @@ def test_opcheck():
     cu_q, cu_k = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 30, 65], dtype=torch.int32)
     vq, vk = randn(7, 4, 40).requires_grad_(), randn(65, 2, 40).requires_grad_()
     torch.library.opcheck(torch.ops.flashattn.fwd.default, (vq, vk, vk, None, None, cu_q, cu_k, None, -1, 0, 0.0))
+
+
+def test_eager_calls_equal_the_operator_with_gradients():
+    """flash_attn_func skips the dispatcher in plain eager code: the same outputs and gradients as
+    the operator with its registered autograd."""
+    q, k, v = (t.requires_grad_() for t in qkv())
+    bias = randn(1, 4, 7, 65).requires_grad_()
+    args = (q, k, v, bias, torch.rand(4), None, None, 0.3, 20, -1, 5.0, False)
+    dout = randn(2, 7, 4, 40)
+    got, want = (_ops.attention(*args), _ops.fwd(*args))
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    grads = [torch.autograd.grad(out, (q, k, v, bias), dout) for out, _ in (got, want)]
+    for g, w in zip(*grads):
+        assert torch.equal(g, w)
+
+
+class OpNames(TorchDispatchMode):
+    """Records the name of every operator dispatched while it is on."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_modes_see_the_operators():
+    q, k, v = (t.requires_grad_() for t in qkv())
+    with OpNames() as mode:
+        out = flash_attn_func(q, k, v, causal=True)
+        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert "flashattn.fwd.default" in mode.names and "flashattn.bwd.default" in mode.names, mode.names
+    with FakeTensorMode() as fake:
+        out = flash_attn_func(*(fake.from_tensor(t) for t in qkv()))
+    assert isinstance(out, FakeTensor) and out.shape == (2, 7, 4, 40)

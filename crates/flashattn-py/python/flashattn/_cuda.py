@@ -24,6 +24,8 @@ _NVRTC_NAMES = ("libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12")
 _WHEEL_DIRS = ("cu13/lib", "cuda_nvrtc/lib")
 
 _nvrtc_ready = False
+# The guard of a call on the current device (or the CPU): a null context, reusable.
+_NO_GUARD = contextlib.nullcontext()
 
 
 def _loadable(name: str) -> bool:
@@ -58,25 +60,34 @@ def load_nvrtc() -> Optional[str]:
     return None
 
 
+def _raw_stream(index: int) -> int:
+    """The raw ``CUstream`` of PyTorch's current stream on GPU ``index``: the C function that
+    ``torch.compile``'s generated code calls (no ``torch.cuda.Stream`` object made), else the
+    public API."""
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return get(index) if get is not None else torch.cuda.current_stream(index).cuda_stream
+
+
 def stream(t: torch.Tensor) -> Optional[Tuple[int, int]]:
     """``(device ordinal, raw CUstream)`` of PyTorch's current stream on ``t``'s GPU, which the
     call is ordered on; None for a CPU tensor. Loads NVRTC before the first CUDA call."""
     global _nvrtc_ready
-    if t.device.type != "cuda":
+    if not t.is_cuda:
         return None
     if not _nvrtc_ready:
         load_nvrtc()
         _nvrtc_ready = True
-    return t.device.index, torch.cuda.current_stream(t.device).cuda_stream
+    index = t.get_device()
+    return index, _raw_stream(index)
 
 
 def on_device(t: torch.Tensor):
     """A context in which ``t``'s GPU is PyTorch's current device. flashattn makes the primary
     context of the GPU it works on current on the calling thread, so for a GPU other than the
     current one the guard puts PyTorch's current device back afterwards."""
-    if t.device.type == "cuda" and t.device.index != torch.cuda.current_device():
+    if t.is_cuda and t.get_device() != torch.cuda.current_device():
         return torch.cuda.device(t.device)
-    return contextlib.nullcontext()
+    return _NO_GUARD
 
 
 def nvrtc_version() -> Tuple[int, int]:

@@ -2,7 +2,12 @@
 on CPU and CUDA tensors, with fake (meta) implementations for ``torch.compile`` and autograd
 through ``bwd``. On a GPU the work is ordered on PyTorch's current stream, with no host
 synchronization (except for what the library reads on the host: ``cu_seqlens`` and ALiBi slopes
-that live on the GPU are copied to the host first)."""
+that live on the GPU are copied to the host first).
+
+:func:`attention` is what ``flash_attn_func`` calls: in plain eager code it runs the operators'
+implementations straight away (autograd through :class:`_Attention`), since the dispatcher's
+Python layers cost several times the native call; whatever must see the operators (tracing,
+modes, tensor subclasses) gets them."""
 
 from typing import List, Optional, Tuple
 
@@ -18,15 +23,16 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat
 def expect_device(name: str, t: Optional[Tensor]) -> None:
     """Raises a ``ValueError`` unless ``t`` is None or on the CPU or a GPU (tensors of one call on
     different devices are refused by the library, naming the argument)."""
-    if t is not None and t.device.type not in ("cpu", "cuda"):
+    if t is not None and not (t.is_cuda or t.is_cpu):
         raise ValueError(f"`{name}` is on {t.device}: only CPU and CUDA tensors are supported")
 
 
 def _desc(name: str, t: Tensor):
-    """The native module's description of ``t``: its memory, used where it lies."""
+    """The native module's description of ``t``: its memory, used where it lies, on the GPU of
+    that ordinal or (-1) the CPU."""
     expect_device(name, t)
     dtype = _DTYPE_NAMES.get(t.dtype) or str(t.dtype).removeprefix("torch.")
-    return (t.data_ptr(), dtype, t.shape, t.stride(), str(t.device), t)
+    return (t.data_ptr(), dtype, t.shape, t.stride(), t.get_device(), t)
 
 
 def _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap,
@@ -67,8 +73,7 @@ def _bwd_outputs(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) -> Tup
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
 
 
-@torch.library.custom_op("flashattn::fwd", mutates_args=(), device_types=("cpu", "cuda"))
-def fwd(
+def _fwd(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -92,14 +97,16 @@ def fwd(
     return out, lse
 
 
+fwd = torch.library.custom_op("flashattn::fwd", mutates_args=(), device_types=("cpu", "cuda"))(_fwd)
+
+
 @fwd.register_fake
 def _fwd_fake(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap,
               deterministic=False):
     return _fwd_outputs(q, v, cu_seqlens_q is not None)
 
 
-@torch.library.custom_op("flashattn::bwd", mutates_args=(), device_types=("cpu", "cuda"))
-def bwd(
+def _bwd(
     dout: Tensor,
     q: Tensor,
     k: Tensor,
@@ -131,6 +138,9 @@ def bwd(
     return dq, dk, dv, dbias
 
 
+bwd = torch.library.custom_op("flashattn::bwd", mutates_args=(), device_types=("cpu", "cuda"))(_bwd)
+
+
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, wl, wr, softcap,
               deterministic=False):
@@ -147,9 +157,52 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout, _dlse):
     q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-    dq, dk, dv, dbias = bwd(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *ctx.options)
+    args = (dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    dq, dk, dv, dbias = (_bwd if _eager(args) else bwd)(*args, *ctx.options)
     dbias = dbias.to(bias.dtype) if bias is not None else None
     return dq, dk, dv, dbias, None, None, None, None, None, None, None, None
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _eager(tensors) -> bool:
+    """True when the operators' implementations may run without the dispatcher: plain tensors (or
+    None) on the CPU or a GPU, and nothing that must see the operators: no ``torch.compile``
+    tracing, no dispatch or torch-function mode (fake tensors, ``make_fx``, ``torch.device``
+    contexts), no functorch transform, no ``torch.jit`` tracing."""
+    C = torch._C
+    if (torch.compiler.is_compiling() or C._len_torch_dispatch_stack() or C._is_torch_function_mode_enabled()
+            or C._are_functorch_transforms_active() or C._get_tracing_state()):
+        return False
+    return all(t is None or (type(t) is Tensor and (t.is_cuda or t.is_cpu)) for t in tensors)
+
+
+class _Attention(torch.autograd.Function):
+    """``flashattn::fwd`` with its registered autograd, for eager calls that need gradients. The
+    forward takes ``ctx`` itself: with a separate ``setup_context`` every ``apply`` binds its
+    arguments through ``inspect.signature``, tens of microseconds (functorch, which would need
+    that form, gets the operator)."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        output = _fwd(*args)
+        _setup_context(ctx, args, output)
+        return output
+
+    backward = staticmethod(_backward)
+
+
+def attention(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap,
+              deterministic):
+    """``flashattn::fwd(...)``'s result, the same as calling the operator: in plain eager code
+    (:func:`_eager`) its implementation, through :class:`_Attention` when a gradient is needed;
+    else the operator."""
+    args = (q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap,
+            deterministic)
+    if not _eager(args[:7]):
+        return fwd(*args)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return _Attention.apply(*args)
+    return _fwd(*args)

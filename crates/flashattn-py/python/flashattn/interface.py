@@ -77,7 +77,7 @@ def flash_attn_func(
     bias, alibi_slopes = _torch(bias)[0], _torch(alibi_slopes)[0]
     _check(dropout_p, ("q", q), ("k", k), ("v", v), ("bias", bias), ("alibi_slopes", alibi_slopes))
     left, right = _window(causal, window_size)
-    out, lse = _ops.fwd(
+    out, lse = _ops.attention(
         _rows(q), _rows(k), _rows(v), bias, alibi_slopes, None, None, softmax_scale, left, right, float(softcap),
         bool(deterministic),
     )
@@ -112,7 +112,7 @@ def flash_attn_varlen_func(
     cu_q, cu_k, alibi_slopes = _torch(cu_seqlens_q)[0], _torch(cu_seqlens_k)[0], _torch(alibi_slopes)[0]
     _check(dropout_p, ("q", q), ("k", k), ("v", v), ("alibi_slopes", alibi_slopes))
     left, right = _window(causal, window_size)
-    out, lse = _ops.fwd(
+    out, lse = _ops.attention(
         _rows(q), _rows(k), _rows(v), None, alibi_slopes, cu_q, cu_k, softmax_scale, left, right, float(softcap),
         bool(deterministic),
     )

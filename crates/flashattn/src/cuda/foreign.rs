@@ -4,12 +4,16 @@
 //! flashattn keeps queueing every copy, allocation and launch on its own stream of the device
 //! (`Gpu::stream`: the device's default stream), so its scratch buffers and the Hopper kernel's
 //! tile counter stay ordered by one stream. [`on_stream`] joins that stream to the caller's with
-//! two events, before and after the work: no host synchronization, and nothing to do when the
-//! caller's stream is flashattn's own (PyTorch's default stream is).
+//! two event waits, before and after the work: no host synchronization, and nothing to do when
+//! the caller's stream is flashattn's own (PyTorch's default stream is).
 
 use std::any::Any;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 
 use cudarc::driver::sys::{self, CUpointer_attribute};
+use cudarc::driver::{CudaEvent, CudaStream};
 
 use super::device::{Gpu, gpu};
 use super::storage::{CudaStorage, ForeignMemory};
@@ -149,16 +153,36 @@ pub unsafe fn on_stream<R>(
     // SAFETY: the caller's contract: a live stream of this context, kept alive during the call;
     // the wrapper is dropped before returning and does not destroy the stream.
     let theirs = unsafe { gpu.ctx.wrap_borrowed_stream(theirs) };
-    gpu.stream
-        .join(&theirs)
-        .map_err(Gpu::err("waiting for the caller's stream"))?;
+    join(&gpu, &gpu.stream, &theirs).map_err(Gpu::err("waiting for the caller's stream"))?;
     let result = f();
-    let joined = theirs
-        .join(&gpu.stream)
+    let joined = join(&gpu, &theirs, &gpu.stream)
         .map_err(Gpu::err("making the caller's stream wait for flashattn's"));
     let r = result?;
     joined?;
     Ok(r)
+}
+
+thread_local! {
+    /// This thread's event of each GPU for [`join`]: a wait takes the state of the event's last
+    /// record when it is queued, so one event recorded and waited on at once serves every join
+    /// (no event created and destroyed per call).
+    static JOIN_EVENTS: RefCell<HashMap<usize, CudaEvent>> = RefCell::new(HashMap::new());
+}
+
+/// Makes `waiter` wait for the work queued on `on` so far (two streams of `gpu`).
+fn join(
+    gpu: &Gpu,
+    waiter: &CudaStream,
+    on: &CudaStream,
+) -> std::result::Result<(), cudarc::driver::DriverError> {
+    JOIN_EVENTS.with_borrow_mut(|events| {
+        let event = match events.entry(gpu.ordinal) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(gpu.ctx.new_event(None)?),
+        };
+        event.record(on)?;
+        waiter.wait(event)
+    })
 }
 
 #[cfg(test)]
