@@ -160,7 +160,13 @@ fn backward(
         Some(d) => Some(unsafe { tensor(py, "dbias", d) }?),
         None => None,
     };
-    let mut g = Gradients { dq, dk, dv, dbias };
+    let mut g = Gradients {
+        dq,
+        dk,
+        dv,
+        dbias,
+        drel_bias: None,
+    };
     run(py, stream, || {
         flashattn::backward_into(&q, &k, &v, &out, &lse, &dout, &p, &mut g)
     })

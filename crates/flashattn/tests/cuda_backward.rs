@@ -194,6 +194,11 @@ fn backward_into_padded_gradients() {
                 .bias
                 .as_ref()
                 .map(|b| on_gpu(Tensor::full(b.shape(), DType::F32, f32::NAN).unwrap())),
+            drel_bias: x
+                .p
+                .rel_bias
+                .as_ref()
+                .map(|r| on_gpu(Tensor::full(r.shape(), DType::F32, f32::NAN).unwrap())),
         };
         let out = f.out.to_device(Device::Cpu).unwrap();
         for call in 0..2 {

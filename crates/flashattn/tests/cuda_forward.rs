@@ -254,6 +254,7 @@ fn device_errors() {
         dk: x.k.to_device(GPU).unwrap(),
         dv: x.v.to_device(GPU).unwrap(),
         dbias: None,
+        drel_bias: None,
     };
     match flashattn::backward_into(q, k, v, &f.out, &f.lse, &f.out, &p, &mut grads) {
         Err(Error::DeviceMismatch { arg, .. }) => assert_eq!(arg, "dq"),

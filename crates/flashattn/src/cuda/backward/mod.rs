@@ -97,8 +97,14 @@ fn output_like(g: &Arc<Gpu>, dtype: DType, like: &Tensor) -> Result<Tensor> {
     Tensor::from_cuda_storage(store, shape, &strides_like(like, shape), 0)
 }
 
+/// A contiguous f32 tensor of `shape` on `g` (a bias gradient), not filled.
+fn f32_output(g: &Arc<Gpu>, shape: &[usize]) -> Result<Tensor> {
+    let store = CudaStorage::alloc_output(g, DType::F32, shape.iter().product())?;
+    Tensor::from_cuda_storage(store, shape, &contiguous_strides(shape), 0)
+}
+
 /// The backward into gradients it allocates on the problem's GPU, in the memory order of q, k, v
-/// (dbias f32, contiguous, in the bias' shape).
+/// (dbias and drel_bias f32, contiguous, in their biases' shapes).
 pub(crate) fn backward(p: &Problem, x: BackwardInputs<'_>) -> Result<Gradients> {
     let [q, k, v, ..] = x;
     let g = gpu_for(p, k)?;
@@ -106,19 +112,16 @@ pub(crate) fn backward(p: &Problem, x: BackwardInputs<'_>) -> Result<Gradients> 
         dq: output_like(&g, p.dtype, q)?,
         dk: output_like(&g, p.dtype, k)?,
         dv: output_like(&g, p.dtype, v)?,
-        dbias: match &p.bias {
-            Some((b, _)) => {
-                let shape = b.shape();
-                let store = CudaStorage::alloc_output(&g, DType::F32, shape.iter().product())?;
-                Some(Tensor::from_cuda_storage(
-                    store,
-                    shape,
-                    &contiguous_strides(shape),
-                    0,
-                )?)
-            }
-            None => None,
-        },
+        dbias: p
+            .bias
+            .as_ref()
+            .map(|(b, _)| f32_output(&g, b.shape()))
+            .transpose()?,
+        drel_bias: p
+            .rel_bias
+            .as_ref()
+            .map(|r| f32_output(&g, r.table.shape()))
+            .transpose()?,
     };
     queue(&g, p, x, &mut grads)?;
     Ok(grads)
