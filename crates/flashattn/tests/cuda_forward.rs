@@ -39,6 +39,7 @@ grid_tests! {
     options_combined: 160_000,
     dtypes_and_layouts: 170_000,
     varlen: 180_000,
+    rel_bias: 190_000,
 }
 
 /// Scores of about ±1e4 (as `tests/numerics.rs`): the online softmax rescales without overflow.

@@ -491,7 +491,7 @@ fn rel_bias_table(t: &Tensor, heads: usize) -> Result<RelBias> {
         });
     }
     match t.shape() {
-        [h, w] if *h == heads && w % 2 == 1 => Ok(RelBias {
+        [h, w] if *h == heads && w % 2 == 1 && *w <= i32::MAX as usize => Ok(RelBias {
             table: if t.is_contiguous() {
                 t.clone()
             } else {
@@ -501,7 +501,7 @@ fn rel_bias_table(t: &Tensor, heads: usize) -> Result<RelBias> {
         }),
         other => Err(Error::arg(
             "rel_bias",
-            format!("shape [{heads}, 2L - 1] (query heads, an odd number of columns)"),
+            format!("shape [{heads}, 2L - 1] (query heads, an odd number of columns below 2^31)"),
             format!("{other:?}"),
         )),
     }

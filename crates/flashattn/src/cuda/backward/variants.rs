@@ -36,6 +36,8 @@ pub(crate) enum BwdKernel {
     Dq(GeneralBwdTile),
     /// The deterministic sum of a row-broadcast bias gradient's partials.
     DbiasSum,
+    /// The deterministic sum of the relative-position table gradient's partials.
+    DrelSum,
 }
 
 impl BwdKernel {
@@ -45,7 +47,9 @@ impl BwdKernel {
             BwdKernel::General(t) => (t.keys, GENERAL_BWD_THREADS, t.shared_bytes()),
             BwdKernel::Dq(t) => (t.rows, GENERAL_BWD_THREADS, t.shared_bytes()),
             BwdKernel::Mma(t) => (t.keys(), 32 * MMA_BWD_WARPS, t.shared_bytes()),
-            BwdKernel::Pre | BwdKernel::Post | BwdKernel::DbiasSum => (0, ROW_THREADS, 0),
+            BwdKernel::Pre | BwdKernel::Post | BwdKernel::DbiasSum | BwdKernel::DrelSum => {
+                (0, ROW_THREADS, 0)
+            }
         }
     }
 }
@@ -119,6 +123,11 @@ pub(crate) fn kernel_source(v: Variant) -> KernelSource {
             "flash_bwd_dbias_sum",
             &[BWD_ROWS],
         ),
+        BwdKernel::DrelSum => (
+            format!("bwd_drel_sum_{tname}"),
+            "flash_bwd_drel_sum",
+            &[BWD_ROWS],
+        ),
         BwdKernel::General(t) => {
             code += &general_defines(&t);
             let name = format!(
@@ -177,7 +186,12 @@ pub fn kernel_sources() -> Vec<KernelSource> {
                 deterministic,
             }))
         };
-        for kernel in [BwdKernel::Pre, BwdKernel::Post, BwdKernel::DbiasSum] {
+        for kernel in [
+            BwdKernel::Pre,
+            BwdKernel::Post,
+            BwdKernel::DbiasSum,
+            BwdKernel::DrelSum,
+        ] {
             push(kernel, Options::default(), false);
         }
         for d in [16, 80].into_iter().chain((32..=512).step_by(32)) {
