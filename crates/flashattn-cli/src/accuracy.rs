@@ -111,7 +111,7 @@ impl ForwardCheck {
 /// The error of one gradient.
 #[derive(Clone, Debug)]
 pub struct GradientCheck {
-    /// `dq`, `dk`, `dv` or `dbias`.
+    /// `dq`, `dk`, `dv`, `dbias` or `drel_bias`.
     pub name: &'static str,
     /// Largest absolute error.
     pub max_abs: f64,
@@ -184,6 +184,7 @@ pub fn check_forward(x: &Inputs, dtype: DType, dev: Device) -> CliResult<Forward
 fn listed(g: oracle::OracleGradients) -> Vec<Vec<f64>> {
     let mut v = vec![g.dq, g.dk, g.dv];
     v.extend(g.dbias);
+    v.extend(g.drel_bias);
     v
 }
 
@@ -195,6 +196,9 @@ fn tensors(g: &flashattn::Gradients) -> CliResult<Vec<(&'static str, Vec<f64>)>>
     ];
     if let Some(b) = &g.dbias {
         v.push(("dbias", device::download(b)?.to_f64_vec()?));
+    }
+    if let Some(t) = &g.drel_bias {
+        v.push(("drel_bias", device::download(t)?.to_f64_vec()?));
     }
     Ok(v)
 }

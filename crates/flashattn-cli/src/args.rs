@@ -61,10 +61,12 @@ Examples:
 Input tensors (by name): q, k, v [batch, seqlen, heads, head_dim] (f32, f16 or bf16; with
 --layout bhnd stored as [batch, heads, seqlen, head_dim]); optional alibi_slopes [heads] or
 [batch, heads] (f32); bias, 4 dimensions broadcastable to [batch, heads, seqlen_q, seqlen_k];
+rel_bias [heads, 2L - 1] (f32), a relative-position table: query i and key j add
+rel_bias[h, clamp(j - (i + seqlen_k - seqlen_q), -(L-1), L-1) + L - 1] to their score;
 cu_seqlens_q and cu_seqlens_k (int32) for packed [total, heads, head_dim] input; dout (shaped
 like q): when present the backward runs too. An input holding NaN or inf is named in a warning.
 Output tensors: out (shape and dtype of q), lse [batch, heads, seqlen_q] f32 ([heads, total_q]
-with varlen); with dout: dq, dk, dv (and dbias with a bias).
+with varlen); with dout: dq, dk, dv (and dbias with a bias, drel_bias with rel_bias).
 Files: .safetensors (every dtype) or .npz (numpy's savez/savez_compressed; f32, f16 and int32:
 numpy has no bfloat16). A .npy file holds a single array, so it cannot carry q, k and v.
 The output is written to a temporary file beside OUT and renamed, so OUT is never half-written;
@@ -233,6 +235,9 @@ pub struct CheckArgs {
     /// A random additive bias of shape [batch, heads, seqlen_q, seqlen_k].
     #[arg(long)]
     pub bias: bool,
+    /// A random relative-position table [heads, 2L - 1] (L >= 1).
+    #[arg(long, value_name = "L", value_parser = clap::value_parser!(u64).range(1..))]
+    pub rel_bias: Option<u64>,
     /// Memory layout of q, k, v.
     #[arg(long, value_enum, default_value_t)]
     pub layout: Layout,
@@ -266,6 +271,7 @@ impl CheckArgs {
             || self.head_dim_v.is_some()
             || self.alibi
             || self.bias
+            || self.rel_bias.is_some()
             || self.layout != Layout::Bnhd
             || self.mask.any()
     }

@@ -12,7 +12,7 @@ use super::{CliError, CliResult, bench, device, fail};
 const ALL_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
 /// The default set: every mask kind, GQA/MQA, Nq ≠ Nk, varlen with an empty sequence, ALiBi,
-/// softcap, bias, both layouts and every dtype, at sizes the f64 oracle handles in a few seconds.
+/// softcap, bias, a relative-position table, both layouts and every dtype, at sizes the f64 oracle handles in a few seconds.
 fn default_set(dtypes: &[DType]) -> Vec<Config> {
     let bhnd = super::args::Layout::Bhnd;
     let mut set = Vec::new();
@@ -34,6 +34,11 @@ fn default_set(dtypes: &[DType]) -> Vec<Config> {
                 .varlen(&[(100, 120), (0, 50), (257, 257), (31, 7)])
                 .causal(),
             Config::new(1, 2, 65, 256).seqlens(65, 113),
+            Config::new(2, 4, 0, 64)
+                .kv_heads(2)
+                .seqlens(150, 200)
+                .causal()
+                .rel_bias(64),
         ];
         set.extend(base.into_iter().map(|c| c.dtype(t)));
     }
@@ -60,6 +65,7 @@ fn single(a: &CheckArgs, dtypes: &[DType]) -> CliResult<Vec<Config>> {
             c.scale = a.mask.scale;
             c.alibi = a.alibi;
             c.bias = a.bias;
+            c.rel_bias = a.rel_bias.map(|l| l as usize);
             c
         })
         .collect::<Vec<_>>();

@@ -95,6 +95,9 @@ pub fn upload(x: &Inputs, device: Device) -> CliResult<Inputs> {
     if let Some(b) = &p.bias {
         p.bias = Some(to_device(b, device)?);
     }
+    if let Some(t) = &p.rel_bias {
+        p.rel_bias = Some(to_device(t, device)?);
+    }
     Ok(Inputs {
         q: to_device(&x.q, device)?,
         k: to_device(&x.k, device)?,

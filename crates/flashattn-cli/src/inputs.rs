@@ -37,6 +37,8 @@ pub struct Config {
     pub alibi: bool,
     /// A random full-shape bias.
     pub bias: bool,
+    /// `L` of a random relative-position table `[heads, 2L − 1]`.
+    pub rel_bias: Option<usize>,
     /// Per-sequence (query, key) lengths of a packed batch; `None`: padded.
     pub varlen: Option<Vec<(usize, usize)>>,
 }
@@ -59,6 +61,7 @@ impl Config {
             scale: None,
             alibi: false,
             bias: false,
+            rel_bias: None,
             varlen: None,
         }
     }
@@ -102,6 +105,11 @@ impl Config {
     /// A random bias of the full `[batch, heads, seqlen_q, seqlen_k]` shape.
     pub fn bias(mut self) -> Self {
         self.bias = true;
+        self
+    }
+    /// A random relative-position table of `L` (≥ 1) entries each side of the diagonal.
+    pub fn rel_bias(mut self, l: usize) -> Self {
+        self.rel_bias = Some(l);
         self
     }
     /// The memory layout of q, k, v and dout.
@@ -188,6 +196,9 @@ impl Config {
         if self.bias {
             parts.push("bias".into());
         }
+        if let Some(l) = self.rel_bias {
+            parts.push(format!("rel_bias={l}"));
+        }
         if self.layout == Layout::Bhnd {
             parts.push("bhnd".into());
         }
@@ -241,6 +252,11 @@ impl Config {
             let shape = [batch, self.heads, bq, bk];
             let b = Tensor::from_vec(uniform(&mut rng, shape.iter().product(), 1.0), &shape)?;
             p.bias = Some(b.to_dtype(self.dtype)?);
+        }
+        if let Some(l) = self.rel_bias {
+            let shape = [self.heads, (2 * l).max(1) - 1];
+            let t = uniform(&mut rng, shape.iter().product(), 1.0);
+            p.rel_bias = Some(Tensor::from_vec(t, &shape)?);
         }
         if let Some(lens) = &self.varlen {
             let cu = |f: fn(&(usize, usize)) -> usize| {

@@ -1,8 +1,9 @@
 //! `flashattn run`: attention on tensors read from a file, results written to another.
 //!
 //! The interface is fixed (other tools rely on it): inputs `q`, `k`, `v`, optional
-//! `alibi_slopes`, `bias`, `cu_seqlens_q` + `cu_seqlens_k`, `dout`; outputs `out`, `lse`, and with
-//! `dout` also `dq`, `dk`, `dv` (and `dbias` with a bias). See `flashattn run --help`.
+//! `alibi_slopes`, `bias`, `rel_bias`, `cu_seqlens_q` + `cu_seqlens_k`, `dout`; outputs `out`,
+//! `lse`, and with `dout` also `dq`, `dk`, `dv` (and `dbias`, `drel_bias` with those biases). See
+//! `flashattn run --help`.
 
 use std::path::Path;
 
@@ -13,12 +14,13 @@ use super::tensor_files::{self, Data, NamedTensor};
 use super::{CliResult, device, fail, output};
 
 /// Every tensor name `run` reads.
-const KNOWN: [&str; 8] = [
+const KNOWN: [&str; 9] = [
     "q",
     "k",
     "v",
     "alibi_slopes",
     "bias",
+    "rel_bias",
     "cu_seqlens_q",
     "cu_seqlens_k",
     "dout",
@@ -196,13 +198,10 @@ fn prepare(f: &FileInputs, mask: &AttentionParams) -> CliResult<Prepared> {
     };
     let mut params = mask.clone();
     if let Some(s) = f.get("alibi_slopes") {
-        if !matches!(s.data, Data::F32(_)) {
-            return Err(fail(format!(
-                "tensor `alibi_slopes`: expected dtype f32, found {}",
-                s.data.dtype_name()
-            )));
-        }
-        params.alibi_slopes = Some(tensor_of(s)?);
+        params.alibi_slopes = Some(f32_tensor(s)?);
+    }
+    if let Some(t) = f.get("rel_bias") {
+        params.rel_bias = Some(f32_tensor(t)?);
     }
     if let Some(b) = f.get("bias") {
         float_dtype(b)?;
@@ -241,6 +240,18 @@ fn prepare(f: &FileInputs, mask: &AttentionParams) -> CliResult<Prepared> {
         params,
         dtype,
     })
+}
+
+/// An input that must be f32 (the ALiBi slopes, the relative-position table) as a tensor.
+fn f32_tensor(t: &NamedTensor) -> CliResult<Tensor> {
+    if !matches!(t.data, Data::F32(_)) {
+        return Err(fail(format!(
+            "tensor `{}`: expected dtype f32, found {}",
+            t.name,
+            t.data.dtype_name()
+        )));
+    }
+    tensor_of(t)
 }
 
 /// Warns on stderr about each input tensor that holds NaN or infinite values: attention does not
@@ -314,6 +325,7 @@ pub fn run(a: &RunArgs) -> CliResult<()> {
     let mut params = x.params.clone();
     params.alibi_slopes = params.alibi_slopes.as_ref().map(on).transpose()?;
     params.bias = params.bias.as_ref().map(on).transpose()?;
+    params.rel_bias = params.rel_bias.as_ref().map(on).transpose()?;
     let (q, k, v) = (on(&x.q)?, on(&x.k)?, on(&x.v)?);
     let fwd = flashattn::forward(&q, &k, &v, &params)?;
     let mut results = vec![
@@ -327,6 +339,9 @@ pub fn run(a: &RunArgs) -> CliResult<()> {
         results.push(named("dv", &g.dv, a.layout, true)?);
         if let Some(db) = &g.dbias {
             results.push(named("dbias", db, a.layout, false)?);
+        }
+        if let Some(dr) = &g.drel_bias {
+            results.push(named("drel_bias", dr, a.layout, false)?);
         }
     }
     tensor_files::write(out_file, &results)?;

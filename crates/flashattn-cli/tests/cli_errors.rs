@@ -89,6 +89,16 @@ fn run_errors_name_the_tensor_and_leave_no_output() {
     x.push(random(r, "bias", &[1, 4, 10, 7], Dtype::F32));
     expect_run_error(&x, &[], &["`bias`"]);
     let mut x = qkv(r, Dtype::F32);
+    x.push(random(r, "rel_bias", &[4, 9], Dtype::F16));
+    expect_run_error(
+        &x,
+        &[],
+        &["tensor `rel_bias`", "expected dtype f32", "found f16"],
+    );
+    let mut x = qkv(r, Dtype::F32);
+    x.push(random(r, "rel_bias", &[4, 8], Dtype::F32));
+    expect_run_error(&x, &[], &["`rel_bias`", "2L - 1"]);
+    let mut x = qkv(r, Dtype::F32);
     x.push(random(r, "Q", &[1], Dtype::F32));
     expect_run_error(&x, &[], &["unexpected tensor `Q`"]);
     // Varlen: both offsets, int32, valid.

@@ -32,7 +32,7 @@ fn find<'a>(inputs: &'a [Input], name: &str) -> Option<&'a Input> {
     inputs.iter().find(|x| x.name == name)
 }
 
-/// q, k, v (and bias, alibi, dout) of `inputs` as library tensors in the logical layout.
+/// q, k, v (and bias, rel_bias, alibi, dout) of `inputs` as library tensors in the logical layout.
 fn library_inputs(
     inputs: &[Input],
     bhnd: bool,
@@ -49,6 +49,9 @@ fn library_inputs(
     let mut p = params;
     if let Some(b) = find(inputs, "bias") {
         p.bias = Some(tensor(b));
+    }
+    if let Some(t) = find(inputs, "rel_bias") {
+        p.rel_bias = Some(tensor(t));
     }
     if let Some(a) = find(inputs, "alibi_slopes") {
         p.alibi_slopes = Some(tensor(a));
@@ -128,6 +131,9 @@ fn check_against_oracle(
     if let (Some(r), Some(m)) = (reference.dbias, magnitudes.dbias) {
         pairs.push(("dbias", r, m, false));
     }
+    if let (Some(r), Some(m)) = (reference.drel_bias, magnitudes.drel_bias) {
+        pairs.push(("drel_bias", r, m, false));
+    }
     assert_eq!(
         outputs.len(),
         2 + pairs.len(),
@@ -181,6 +187,7 @@ fn run_bhnd_with_every_score_option_and_backward_matches_the_oracle() {
         random(&mut rng, "v", &[b, hk, nk, d], Dtype::F32),
         random(&mut rng, "dout", &[b, h, nq, d], Dtype::F32),
         random(&mut rng, "bias", &[1, h, nq, nk], Dtype::F32),
+        random(&mut rng, "rel_bias", &[h, 15], Dtype::F32),
         slopes,
     ];
     let opts = [
@@ -199,6 +206,7 @@ fn run_bhnd_with_every_score_option_and_backward_matches_the_oracle() {
     assert_eq!(out["out"].0, vec![b, h, nq, d], "out stored in bhnd like q");
     assert_eq!(out["dk"].0, vec![b, hk, nk, d]);
     assert_eq!(out["dbias"].0, vec![1, h, nq, nk]);
+    assert_eq!(out["drel_bias"].0, vec![h, 15]);
     let p = AttentionParams::default()
         .window(9, 4)
         .softcap(7.5)

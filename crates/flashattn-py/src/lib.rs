@@ -12,7 +12,8 @@ use pyo3::prelude::*;
 use tensor_desc::{Desc, tensor};
 
 /// The options of a call, as a Python tuple: `(scale, (window_left, window_right), softcap,
-/// alibi_slopes, bias, (cu_seqlens_q, cu_seqlens_k), deterministic)`, `None` where unset.
+/// alibi_slopes, bias, (cu_seqlens_q, cu_seqlens_k), deterministic, rel_bias)`, `None` where
+/// unset.
 type Opts = (
     Option<f32>,
     (Option<usize>, Option<usize>),
@@ -21,6 +22,7 @@ type Opts = (
     Option<Desc>,
     Option<(Vec<i32>, Vec<i32>)>,
     bool,
+    Option<Desc>,
 );
 
 /// The Python exception for a flashattn error: `TypeError` for a dtype, `ValueError` for a bad
@@ -40,12 +42,12 @@ pub(crate) fn py_error(e: Error, what: &str) -> PyErr {
     }
 }
 
-/// The library's params for `opts`, wrapping the ALiBi slopes and bias.
+/// The library's params for `opts`, wrapping the ALiBi slopes and biases.
 ///
 /// # Safety
-/// As [`tensor`], for the slopes and bias `opts` describes.
+/// As [`tensor`], for the slopes and biases `opts` describes.
 unsafe fn params(py: Python<'_>, opts: &Opts) -> PyResult<AttentionParams> {
-    let (scale, (left, right), softcap, alibi, bias, varlen, deterministic) = opts;
+    let (scale, (left, right), softcap, alibi, bias, varlen, deterministic, rel_bias) = opts;
     let mut p = AttentionParams {
         scale: *scale,
         window: Window::new(*left, *right),
@@ -60,6 +62,10 @@ unsafe fn params(py: Python<'_>, opts: &Opts) -> PyResult<AttentionParams> {
     if let Some(b) = bias {
         // SAFETY: the caller's contract.
         p.bias = Some(unsafe { tensor(py, "bias", b) }?);
+    }
+    if let Some(r) = rel_bias {
+        // SAFETY: the caller's contract.
+        p.rel_bias = Some(unsafe { tensor(py, "rel_bias", r) }?);
     }
     if let Some((cq, ck)) = varlen {
         p = p.varlen(cq.clone(), ck.clone());
@@ -131,14 +137,14 @@ fn forward(
 }
 
 /// Gradients of `forward` written into `grads` (`dq`, `dk`, `dv` and, exactly when the call has
-/// a bias, `dbias`), freshly allocated tensors of the shapes `flashattn::backward_into` expects,
+/// a bias or a relative-position table, `dbias` and `drel_bias`), freshly allocated tensors of the shapes `flashattn::backward_into` expects,
 /// on `stream` for CUDA tensors.
 #[pyfunction]
 #[pyo3(signature = (inputs, grads, opts, stream=None))]
 fn backward(
     py: Python<'_>,
     inputs: (Desc, Desc, Desc, Desc, Desc, Desc),
-    grads: (Desc, Desc, Desc, Option<Desc>),
+    grads: (Desc, Desc, Desc, Option<Desc>, Option<Desc>),
     opts: Opts,
     stream: Stream,
 ) -> PyResult<()> {
@@ -155,12 +161,15 @@ fn backward(
             params(py, &opts)?,
         )
     };
-    let dbias = match &grads.3 {
-        // SAFETY: as above.
-        Some(d) => Some(unsafe { tensor(py, "dbias", d) }?),
-        None => None,
+    // SAFETY: as above.
+    let optional = |name, d: &Option<Desc>| d.as_ref().map(|d| unsafe { tensor(py, name, d) });
+    let mut g = Gradients {
+        dq,
+        dk,
+        dv,
+        dbias: optional("dbias", &grads.3).transpose()?,
+        drel_bias: optional("drel_bias", &grads.4).transpose()?,
     };
-    let mut g = Gradients { dq, dk, dv, dbias };
     run(py, stream, || {
         flashattn::backward_into(&q, &k, &v, &out, &lse, &dout, &p, &mut g)
     })

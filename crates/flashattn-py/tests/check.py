@@ -14,11 +14,11 @@ def leaf(t, dtype):
     return t.detach().to(dtype).requires_grad_()
 
 
-def compare(q, k, v, dtype=torch.float32, bias=None, device="cpu", **opts):
+def compare(q, k, v, dtype=torch.float32, bias=None, device="cpu", rel_bias=None, **opts):
     """Runs flashattn on q, k, v (whatever their strides) on ``device`` and checks it against the
     float64 oracle (on the CPU) with tolerances from the plain implementation in ``dtype``
     (float32 for the f32 log-sum-exp): the output and log-sum-exp first, then the gradients of
-    q, k, v and the bias, for a random upstream gradient."""
+    q, k, v and the biases (``bias``, the table ``rel_bias``), for a random upstream gradient."""
     alibi = opts.get("alibi_slopes")
     ref_opts = {
         "scale": opts.get("softmax_scale"),
@@ -27,18 +27,19 @@ def compare(q, k, v, dtype=torch.float32, bias=None, device="cpu", **opts):
         "softcap": opts.get("softcap", 0.0),
         "alibi": None if alibi is None else alibi.cpu(),
     }
-    inputs = [t.cpu() for t in (q, k, v)] + ([bias.cpu()] if bias is not None else [])
+    extras = [(name, t) for name, t in (("bias", bias), ("rel_bias", rel_bias)) if t is not None]
+    inputs = [t.cpu() for t in (q, k, v)] + [t.cpu() for _, t in extras]
     # Tensors already on `device` are used as they are (keeping their strides).
-    mine = [t.detach().to(device).requires_grad_() for t in (q, k, v) + ((bias,) if bias is not None else ())]
-    out, lse, none = flash_attn_func(*mine[:3], bias=mine[3] if bias is not None else None,
-                                     return_attn_probs=True, **opts)
+    mine = [t.detach().to(device).requires_grad_() for t in (q, k, v) + tuple(t for _, t in extras)]
+    named = lambda xs: {name: x for (name, _), x in zip(extras, xs[3:])}
+    out, lse, none = flash_attn_func(*mine[:3], **named(mine), return_attn_probs=True, **opts)
     assert none is None and out.dtype == dtype and lse.dtype == torch.float32
     assert out.device == mine[0].device and lse.device == mine[0].device
     dout = randn(*out.shape, dtype=dtype)
     results = {}
     for prec in (torch.float64, dtype, torch.float32):
         xs = [leaf(t, prec) for t in inputs]
-        o, l = attention(*xs[:3], bias=xs[3] if bias is not None else None, **ref_opts)
+        o, l = attention(*xs[:3], **named(xs), **ref_opts)
         o.backward(dout.to(prec))
         results[prec] = (o, l, [x.grad for x in xs])
     exact, plain, plain32 = results[torch.float64], results[dtype], results[torch.float32]
@@ -49,16 +50,18 @@ def compare(q, k, v, dtype=torch.float32, bias=None, device="cpu", **opts):
     # gradient sums over (keys for dq, query heads and queries for dk and dv, broadcast
     # dimensions for dbias).
     terms = {"out": d, "lse": d, "dq": d * nk, "dk": d * nq * h // hk, "dv": d * nq * h // hk}
-    if bias is not None:
-        terms["dbias"] = d * b * h * nq * nk // bias.numel()
+    for name, t in extras:
+        terms["d" + name] = d * b * h * nq * nk // t.numel()
     finite = torch.isfinite(exact[1])
     assert torch.equal(torch.isfinite(lse_h), finite), "rows that see no key have lse -inf"
     assert_close([("out", out_h, exact[0], plain[0], dtype, terms["out"]),
                   ("lse", lse_h[finite], exact[1][finite], plain32[1][finite], torch.float32, terms["lse"])])
     out.backward(dout.to(out.device))
     checks = []
-    for name, t, e, p in zip(("dq", "dk", "dv", "dbias"), mine, exact[2], plain[2]):
-        checks.append((name, t.grad.cpu(), e, p, dtype if name != "dbias" else bias.dtype, terms[name]))
+    names = ["dq", "dk", "dv"] + ["d" + name for name, _ in extras]
+    for name, t, e, p in zip(names, mine, exact[2], plain[2]):
+        grad_dtype = dtype if name in ("dq", "dk", "dv") else t.dtype
+        checks.append((name, t.grad.cpu(), e, p, grad_dtype, terms[name]))
     assert_close(checks)
 
 

@@ -7,9 +7,11 @@ import math
 import torch
 
 
-def attention(q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi=None, bias=None):
+def attention(q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi=None, bias=None,
+              rel_bias=None):
     """Output [B, Nq, H, Dv] and log-sum-exp [B, H, Nq] of q [B, Nq, H, D] over k, v
-    [B, Nk, Hk, _]; keys per query head repeated for MQA/GQA; rows that see no key give 0, -inf."""
+    [B, Nk, Hk, _]; keys per query head repeated for MQA/GQA; rows that see no key give 0, -inf.
+    ``rel_bias`` [H, 2L - 1]: query i and key j add entry clamp(j - (i + Nk - Nq), -(L-1), L-1) + L-1."""
     nq, nk, h = q.shape[1], k.shape[1], q.shape[2]
     k = k.repeat_interleave(h // k.shape[2], dim=2)
     v = v.repeat_interleave(h // v.shape[2], dim=2)
@@ -23,6 +25,9 @@ def attention(q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.0, a
         s = s - slopes * rel.abs().to(s.dtype)
     if bias is not None:
         s = s + bias.to(s.dtype)
+    if rel_bias is not None:
+        r = rel_bias.shape[1] // 2
+        s = s + rel_bias.to(s.dtype)[:, rel.clamp(-r, r) + r]
     left = window[0] if window[0] >= 0 else nk + nq
     right = 0 if causal else (window[1] if window[1] >= 0 else nk + nq)
     visible = (rel >= -left) & (rel <= right)

@@ -75,6 +75,29 @@ def test_options(name, dtype):
     compare(q, k, v, dtype, bias=bias, **opts)
 
 
+# (seqlen_q, seqlen_k, heads, heads_k, L, options)
+REL_BIAS = [
+    (65, 130, 4, 2, 5, {"causal": True}),
+    (130, 65, 3, 1, 200, {"window_size": (20, 3), "softcap": 3.0, "alibi_slopes": "heads", "bias": True}),
+    (7, 7, 2, 2, 1, {}),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", range(len(REL_BIAS)))
+def test_rel_bias(case, dtype):
+    """The relative-position table (f32 [heads, 2L - 1]) alone and with every other option: output,
+    log-sum-exp and every gradient, the table's included."""
+    nq, nk, h, hk, L, opts = REL_BIAS[case]
+    b, d = 2, 40
+    q, k, v = randn(b, nq, h, d, dtype=dtype), randn(b, nk, hk, d, dtype=dtype), randn(b, nk, hk, d, dtype=dtype)
+    opts = dict(opts)
+    if opts.pop("alibi_slopes", None):
+        opts["alibi_slopes"] = torch.rand(h) * 0.5
+    bias = randn(1, h, 1, nk, dtype=dtype) if opts.pop("bias", False) else None
+    compare(q, k, v, dtype, bias=bias, rel_bias=randn(h, 2 * L - 1), **opts)
+
+
 def test_causal_rows_that_see_no_key():
     """With more queries than keys, the first causal rows see none: output 0, lse -inf, grads 0."""
     q, k, v = randn(1, 9, 2, 8), randn(1, 4, 2, 8), randn(1, 4, 2, 8)

@@ -45,6 +45,13 @@ mod smoke {
         }
     }
 
+    /// A random relative-position table of `h` heads and `l` entries each side: `h · (2l − 1)`.
+    fn table(rng: &mut StdRng, h: usize, l: usize) -> Vec<f32> {
+        (0..h * (2 * l - 1))
+            .map(|_| rng.random_range(-1f32..1.0))
+            .collect()
+    }
+
     struct Config {
         name: &'static str,
         /// Run at every head dim (else only at [`MAIN_DIMS`]).
@@ -107,7 +114,7 @@ mod smoke {
                 },
             },
             Config {
-                name: "causal+alibi+softcap+bias, negative scale",
+                name: "causal+alibi+softcap+bias+rel_bias, negative scale",
                 all_dims: true,
                 unaligned: false,
                 heads: (2, 2),
@@ -125,6 +132,7 @@ mod smoke {
                         .softcap(8.0)
                         .alibi(Tensor::from_vec(slopes, &[b, h]).expect("slopes"))
                         .bias(Tensor::from_vec(bias, &[1, h, nq, nk]).expect("bias"))
+                        .rel_bias(Tensor::from_vec(table(rng, h, 9), &[h, 17]).expect("table"))
                 },
             },
             Config {
@@ -137,7 +145,7 @@ mod smoke {
                 params: |_, _, _, _, _| AttentionParams::default(),
             },
             Config {
-                name: "softcap+alibi+bias, negative scale, unaligned q",
+                name: "softcap+alibi+bias+rel_bias, negative scale, unaligned q",
                 all_dims: true,
                 unaligned: true,
                 heads: (2, 1),
@@ -153,6 +161,7 @@ mod smoke {
                         .softcap(8.0)
                         .alibi(Tensor::from_vec(slopes, &[h]).expect("slopes"))
                         .bias(Tensor::from_vec(bias, &[1, 1, nq, nk]).expect("bias"))
+                        .rel_bias(Tensor::from_vec(table(rng, h, 100), &[h, 199]).expect("table"))
                 },
             },
             Config {
@@ -214,6 +223,7 @@ mod smoke {
                     let up = |t: &Tensor| t.to_device(GPU);
                     let mut gp = p.clone();
                     gp.bias = p.bias.as_ref().map(up).transpose().map_err(e)?;
+                    gp.rel_bias = p.rel_bias.as_ref().map(up).transpose().map_err(e)?;
                     let (gq, gk, gv) = (up(&q).map_err(e)?, up(&k).map_err(e)?, up(&v).map_err(e)?);
                     let what = format!("{dtype} D={d} {}", c.name);
                     match flashattn::forward(&gq, &gk, &gv, &gp) {

@@ -10,6 +10,7 @@ struct FlashParams {
     elem_t* o;
     float* lse;
     const float* bias;
+    const float* rel_bias;  // relative-position table [heads_q][2 rel_radius + 1]
     const float* alibi;  // one slope per (batch, query head)
     const int* cu_q;     // varlen: batch + 1 offsets into the packed rows, else null
     const int* cu_k;
@@ -23,6 +24,7 @@ struct FlashParams {
     int nq, nk;                 // lengths (varlen: the longest sequence's)
     int head_dim, head_dim_v;
     int window_left, window_right;  // clamped to 2^30 (= unbounded)
+    int rel_radius;                 // L - 1 of the relative-position table
     float scale, scale_log2, softcap;
 };
 

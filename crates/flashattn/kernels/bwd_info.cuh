@@ -25,6 +25,10 @@ struct BwdParams {
     i64 part_batch, part_head, part_block;  // strides (0 along the bias' broadcast dims)
     i64 part_blocks;                        // query blocks
     i64 dbias_heads, dbias_cols;            // the bias' head and key dims (1 when broadcast)
+    float* drel_bias;  // f32 [heads_q][2 rel_radius + 1]
+    // Deterministic mode: the dQ pass's partial table gradients [batch][heads_q][query block][width].
+    float* drel_part;
+    i64 drel_len, drel_part_len, drel_blocks;  // elements of drel_bias and drel_part, query blocks
 };
 
 // Row `i` of this (batch, head) in dout, dq, and its f32 dQ accumulator.
@@ -57,14 +61,36 @@ __device__ __forceinline__ float* dbias_at(const BwdParams& bp, const SeqInfo& s
     return bp.dbias + s.b * bp.dbias_batch + s.h * bp.dbias_head + (i64)i * bp.dbias_row + (i64)j * bp.dbias_col;
 }
 
+// Where the gradient of the table entry that query `i`, key `j` read is summed.
+__device__ __forceinline__ float* drel_at(const BwdParams& bp, const SeqInfo& s, int i, int j) {
+    const int r = bp.f.rel_radius;
+    return bp.drel_bias + (i64)s.h * (2 * r + 1) + rel_column(r, j - (i + s.diag));
+}
+
+// The deterministic dQ pass's partial table gradient of query block `blk` (its row of entries).
+__device__ __forceinline__ float* drel_part_at(const BwdParams& bp, const SeqInfo& s, int blk) {
+    const i64 width = 2 * bp.f.rel_radius + 1;
+    return bp.drel_part + (((i64)s.b * bp.f.heads_q + s.h) * bp.drel_blocks + blk) * width;
+}
+
 // `*addr += v` in global memory, atomically, nothing returned.
 __device__ __forceinline__ void atomic_add_f32(float* addr, float v) {
     asm volatile("red.global.add.f32 [%0], %1;" ::"l"(addr), "f"(v));
 }
 
+// Adds dS of query `i`, key `j` to the biases' gradients (those the variant has), by atomics.
+__device__ __forceinline__ void add_bias_grads(const BwdParams& bp, const SeqInfo& s, int i, int j, float ds) {
+#if HAS_BIAS
+    atomic_add_f32(dbias_at(bp, s, i, j), ds);
+#endif
+#if HAS_REL_BIAS
+    atomic_add_f32(drel_at(bp, s, i, j), ds);
+#endif
+}
+
 // P of query `i`, key `j` (seen) from the raw dot product, the row's LSE·log2(e) `lse2` and the
-// score mods, into *pr; returns dS = P∘(dP − D) times the softcap's factor. The bias gradient (dS
-// before that factor) is summed here by atomics unless the deterministic pass does it.
+// score mods, into *pr; returns dS = P∘(dP − D) times the softcap's factor. The biases' gradients
+// (dS before that factor) are summed here by atomics unless the deterministic pass does it.
 __device__ __forceinline__ float bwd_p_ds(const BwdParams& bp, const SeqInfo& s, float dot, float dp, int i, int j,
                                           float lse2, float delta, float slope, float* pr) {
     const FlashParams& p = bp.f;
@@ -80,8 +106,8 @@ __device__ __forceinline__ float bwd_p_ds(const BwdParams& bp, const SeqInfo& s,
 #endif
     *pr = fast_exp2(x - lse2);
     const float ds = *pr * (dp - delta);
-#if HAS_BIAS && !DETERMINISTIC
-    atomic_add_f32(dbias_at(bp, s, i, j), ds);
+#if !DETERMINISTIC
+    add_bias_grads(bp, s, i, j, ds);
 #endif
     return ds * grad;
 }

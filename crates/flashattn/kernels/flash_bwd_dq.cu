@@ -1,10 +1,10 @@
 // The deterministic backward's dQ pass on CUDA cores (every dtype and head dim): one block owns BQB
 // query rows and walks the key blocks they see, BKB keys at a time, in order, recomputing
 // S, P, dP and dS = P∘(dP − D) as the key-block kernel does; it keeps dQ in f32 registers and
-// writes dq once, and sums the bias gradient in a fixed order (no atomics), so every run gives the
+// writes dq once, and sums the bias gradients in a fixed order (no atomics), so every run gives the
 // same bits. A bias broadcast over batch or heads has the block loop over them (the host gives the
 // grid a size of 1 there); one broadcast over query rows goes to per-block partial sums, added up
-// in order by flash_bwd_dbias_sum.
+// in order by flash_bwd_dbias_sum, and so does the relative-position table's (flash_bwd_drel_sum).
 //
 // Tile defines as flash_bwd_general.cu: DQK_MAX, DV_MAX, BKB, BQB.
 
@@ -42,6 +42,27 @@ __device__ __forceinline__ void add_bias_tile(const BwdParams& bp, const SeqInfo
         for (int r = 0; r < nqb; ++r)
             for (int c = 0; c < nkb; ++c) sum += sB[r * BKB + c];
         base[0] += sum;
+    }
+}
+
+// Adds this step's dS tile `sB` (as add_bias_tile) to this block's partial table gradient: a
+// thread per table entry the tile reaches, summing its pairs row by row (the two clamped entries
+// take every pair beyond them).
+__device__ __forceinline__ void add_rel_tile(const BwdParams& bp, const SeqInfo& s, const float* sB,
+                                             int i0, int j0, int nqb, int nkb) {
+    const int r = bp.f.rel_radius;
+    const i64 far = (i64)1 << 40;
+    const i64 base = (i64)i0 + s.diag - j0;  // tile column of row 0's diagonal
+    float* part = drel_part_at(bp, s, blockIdx.x);
+    const int first = rel_column(r, -base - (nqb - 1)), last = rel_column(r, nkb - 1 - base);
+    for (int c = first + (int)threadIdx.x; c <= last; c += BT) {
+        const i64 lo = c == 0 ? -far : c - r, hi = c == 2 * r ? far : c - r;
+        float sum = 0.f;
+        for (int q = 0; q < nqb; ++q) {
+            const i64 a = max(base + q + lo, (i64)0), b = min(base + q + hi, (i64)nkb - 1);
+            for (i64 k = a; k <= b; ++k) sum += sB[q * BKB + k];
+        }
+        part[c] += sum;
     }
 }
 
@@ -111,6 +132,9 @@ extern "C" __global__ void __launch_bounds__(BT) flash_bwd_dq(const BwdParams bp
                 }
 #if HAS_BIAS
                 add_bias_tile(bp, s, sB, i0, j0, nqb, nkb);
+#endif
+#if HAS_REL_BIAS
+                add_rel_tile(bp, s, sB, i0, j0, nqb, nkb);
 #endif
             }
             if (qr < nqb) {

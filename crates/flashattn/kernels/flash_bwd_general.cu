@@ -3,7 +3,7 @@
 // shared memory and their dK, dV in f32 registers while the query rows that see them pass by, BQB
 // at a time, for each query head of the group:
 //   S = Q·Kᵀ (score mods, mask), P = exp(S − lse), dP = dO·Vᵀ, dS = P∘(dP − D)
-//   dbias += dS (atomics), dS *= d score / d(q·k·scale) (softcap)
+//   dbias, drel_bias += dS (atomics), dS *= d score / d(q·k·scale) (softcap)
 //   dV += Pᵀ·dO, dK += dSᵀ·Q, dQ += dS·K (f32 atomics into dq_accum; scale applied after)
 // A row whose LSE is −inf saw no key: its P is 0 (not exp(−inf − (−inf))), so it adds nothing.
 //
@@ -71,8 +71,8 @@ extern "C" __global__ void __launch_bounds__(BT) flash_bwd_general(const BwdPara
                     const float x = score_mods(p, s, dot, i, j, slope, bias_row_ptr(p, s, i));
                     pr = exp2f(x * LOG2E - sL[r] * LOG2E);
                     ds = pr * (dp - sD[r]);
-#if HAS_BIAS && !DETERMINISTIC
-                    atomic_add_f32(dbias_at(bp, s, i, j), ds);
+#if !DETERMINISTIC
+                    add_bias_grads(bp, s, i, j, ds);
 #endif
                     ds *= score_mods_grad(p, dot);
                 }

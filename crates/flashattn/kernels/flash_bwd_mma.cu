@@ -3,7 +3,7 @@
 // of one (batch, key/value head); warp w owns keys 16w..16w+15 and keeps their dK, dV in f32
 // registers while the query rows that see the block pass by, BQB at a time, for each query head:
 //   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ         (per warp: its 16 keys × BQB queries, in registers)
-//   Pᵀ = exp(Sᵀ − lse), dSᵀ = Pᵀ∘(dPᵀ − D), dbias += dSᵀ (atomics), dSᵀ *= softcap'
+//   Pᵀ = exp(Sᵀ − lse), dSᵀ = Pᵀ∘(dPᵀ − D), dbias, drel_bias += dSᵀ (atomics), dSᵀ *= softcap'
 //   dV += Pᵀ·dO, dK += dSᵀ·Q         (Pᵀ, dSᵀ re-packed in registers as A operands)
 //   dQ += dS·K                       (dS through shared memory; f32 atomics into dq_accum)
 // P and dS are rounded to the element type for the products, as a framework's backward does.

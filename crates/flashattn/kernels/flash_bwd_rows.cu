@@ -1,8 +1,9 @@
 // The backward's passes over query rows, before and after the key-block kernel: `flash_bwd_pre`
-// computes D = rowsum(dO∘O) in f32 and zeroes the f32 dQ accumulator and the bias gradient (both
+// computes D = rowsum(dO∘O) in f32 and zeroes the f32 dQ accumulator and the bias gradients (all
 // are summed into); `flash_bwd_post` writes dq = scale · dQ in dq's dtype and strides;
 // `flash_bwd_dbias_sum` (deterministic mode, a bias broadcast over query rows) sums the dQ pass's
-// partial bias gradients over the query blocks, in order.
+// partial bias gradients over the query blocks, in order; `flash_bwd_drel_sum` (deterministic
+// mode) sums its partial table gradients over batch and query blocks, in order.
 // Grid: (query rows / ROWS_PER_BLOCK, query heads, batch); one warp per row.
 
 #define ROW_THREADS 128
@@ -21,6 +22,8 @@ extern "C" __global__ void __launch_bounds__(ROW_THREADS) flash_bwd_pre(const Bw
     const FlashParams& p = bp.f;
     for (i64 e = grid_thread(); e < bp.accum_len; e += grid_threads()) bp.dq_accum[e] = 0.f;
     for (i64 e = grid_thread(); e < bp.dbias_len; e += grid_threads()) bp.dbias[e] = 0.f;
+    for (i64 e = grid_thread(); e < bp.drel_len; e += grid_threads()) bp.drel_bias[e] = 0.f;
+    for (i64 e = grid_thread(); e < bp.drel_part_len; e += grid_threads()) bp.drel_part[e] = 0.f;
     const SeqInfo s = seq_info(p);
     const int i = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (i >= s.nq) return;  // the whole warp
@@ -50,5 +53,19 @@ extern "C" __global__ void __launch_bounds__(ROW_THREADS) flash_bwd_dbias_sum(co
         float sum = 0.f;
         for (i64 blk = 0; blk < bp.part_blocks; ++blk) sum += part[blk * bp.part_block];
         bp.dbias[e] = sum;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(ROW_THREADS) flash_bwd_drel_sum(const BwdParams bp) {
+    const FlashParams& p = bp.f;
+    const i64 width = 2 * p.rel_radius + 1;
+    for (i64 e = grid_thread(); e < bp.drel_len; e += grid_threads()) {
+        const i64 h = e / width, c = e - h * width;
+        float sum = 0.f;
+        for (int b = 0; b < p.batch; ++b) {
+            const float* part = bp.drel_part + ((i64)b * p.heads_q + h) * bp.drel_blocks * width + c;
+            for (i64 blk = 0; blk < bp.drel_blocks; ++blk) sum += part[blk * width];
+        }
+        bp.drel_bias[e] = sum;
     }
 }

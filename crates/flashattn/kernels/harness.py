@@ -97,7 +97,7 @@ WGMMA = {
 WGMMA_SCORE_MODS = {"wgmma_d64_128x128", "wgmma_d128_128x64", "wgmma_d192_128x64", "wgmma_d256_128x32"}
 
 def wgmma_option_sets(name):
-    return [options(), options(mask=1)] + ([options(1, 1, 1, 1, 1)] if name in WGMMA_SCORE_MODS else [])
+    return [options(), options(mask=1)] + ([options(1, 1, 1, 1, 1, 1)] if name in WGMMA_SCORE_MODS else [])
 
 def kernel_of(name):
     """(kernel, defines) of a variant name."""
@@ -112,8 +112,9 @@ GENERAL = {
     "general_512": {"ELEM_F32": 1, "DQK_MAX": 512, "DV_MAX": 512, "BCG": 16},
 }
 
-def options(softcap=0, alibi=0, bias=0, mask=0, nonpos=0):
-    return {"HAS_SOFTCAP": softcap, "HAS_ALIBI": alibi, "HAS_BIAS": bias, "HAS_MASK": mask, "NONPOS_SCALE": nonpos}
+def options(softcap=0, alibi=0, bias=0, mask=0, nonpos=0, rel_bias=0):
+    return {"HAS_SOFTCAP": softcap, "HAS_ALIBI": alibi, "HAS_BIAS": bias, "HAS_MASK": mask, "NONPOS_SCALE": nonpos,
+            "HAS_REL_BIAS": rel_bias}
 
 def sass_problems(cubin):
     """What the SASS of a wgmma build shows that it must not (no HGMMA, local-memory traffic), or

@@ -11,12 +11,12 @@ def ck(rc, what):
         raise RuntimeError(f"{what} failed: CUresult {rc}")
 
 class FlashParams(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_void_p) for n in ["q", "k", "v", "o", "lse", "bias", "alibi", "cu_q", "cu_k"]] + \
+    _fields_ = [(n, ctypes.c_void_p) for n in ["q", "k", "v", "o", "lse", "bias", "rel_bias", "alibi", "cu_q", "cu_k"]] + \
         [(n, ctypes.c_longlong) for n in ["q_batch", "q_row", "q_head", "k_batch", "k_row", "k_head",
                                           "v_batch", "v_row", "v_head", "o_batch", "o_row", "o_head",
                                           "bias_batch", "bias_head", "bias_row", "bias_col", "lse_batch", "lse_head"]] + \
         [(n, ctypes.c_int) for n in ["batch", "heads_q", "group", "nq", "nk", "head_dim", "head_dim_v",
-                                     "window_left", "window_right"]] + \
+                                     "window_left", "window_right", "rel_radius"]] + \
         [(n, ctypes.c_float) for n in ["scale", "scale_log2", "softcap"]]
 
 _cache = {}

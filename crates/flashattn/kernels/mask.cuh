@@ -1,9 +1,9 @@
 // Which keys a query sees and what turns a dot product into a score. A variant sets
-//   HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS   score mods (each 0 or 1)
+//   HAS_SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_REL_BIAS   score mods (each 0 or 1)
 //   HAS_MASK                           a window (causal included) that hides some keys (0 or 1)
 // and the tensor-core kernels NONPOS_SCALE (scale <= 0); SCORE_MODS says whether any score mod is on.
 
-#define SCORE_MODS (HAS_SOFTCAP || HAS_ALIBI || HAS_BIAS || NONPOS_SCALE)
+#define SCORE_MODS (HAS_SOFTCAP || HAS_ALIBI || HAS_BIAS || HAS_REL_BIAS || NONPOS_SCALE)
 
 // ---- the mask: causal is the window (left = inf, right = 0), aligned bottom-right --------------
 
@@ -61,9 +61,21 @@ __device__ __forceinline__ bool block_is_full(const FlashParams& p, const SeqInf
 #endif
 }
 
-// ---- score mods, in the fixed order: s = q.k * scale -> softcap -> alibi + bias -> mask ----------
+// ---- score mods, in the fixed order: s = q.k * scale -> softcap -> alibi + biases -> mask --------
 
-// The mods after the softcap (ALiBi and the bias) on a softcapped score `x`.
+// The column of the relative-position table that a pair at distance d = j - (i + diag) from the
+// diagonal reads: d clamped to [-r, r], plus r.
+template <typename I>
+__device__ __forceinline__ int rel_column(int r, I d) { return (int)(d < -r ? 0 : d > r ? 2 * r : d + r); }
+
+// The relative-position table's entry of query `i`, key `j` of this head (always in the table);
+// the distance in 32 bits, as `visible` takes it.
+__device__ __forceinline__ float rel_bias_of(const FlashParams& p, const SeqInfo& s, int i, int j) {
+    const int r = p.rel_radius;
+    return p.rel_bias[(i64)s.h * (2 * r + 1) + rel_column(r, j - (i + s.diag))];
+}
+
+// The mods after the softcap (ALiBi and the biases) on a softcapped score `x`.
 template <typename T>
 __device__ __forceinline__ T score_bias(const FlashParams& p, const SeqInfo& s, T x, int i, int j, float slope,
                                         const float* bias_row) {
@@ -72,6 +84,9 @@ __device__ __forceinline__ T score_bias(const FlashParams& p, const SeqInfo& s, 
 #endif
 #if HAS_BIAS
     if (i < s.nq && j < s.nk) x += (T)bias_row[(i64)j * p.bias_col];
+#endif
+#if HAS_REL_BIAS
+    x += (T)rel_bias_of(p, s, i, j);
 #endif
     return x;
 }
@@ -90,7 +105,7 @@ __device__ __forceinline__ T score_mods(const FlashParams& p, const SeqInfo& s, 
 }
 
 // d score / d (q.k * scale) at raw dot product `dot`: the softcap's 1 - tanh^2, else 1 (ALiBi and
-// the bias add terms that do not depend on the dot product).
+// the biases add terms that do not depend on the dot product).
 __device__ __forceinline__ float score_mods_grad(const FlashParams& p, float dot) {
 #if HAS_SOFTCAP
     const float t = tanhf(dot * p.scale / p.softcap);

@@ -4,7 +4,7 @@
 //                     buffer back into a strided output;
 //   standard_softmax  turns each row of the materialized score matrix S = q·kᵀ·scale into
 //                     P = softmax(S) in place, applying the options in the order of the core API
-//                     (softcap, then ALiBi and bias, then the window mask), and writes the
+//                     (softcap, then ALiBi and the biases, then the window mask), and writes the
 //                     log-sum-exp.
 // Like a framework computing in the element type T, every materialized value is rounded to T: the
 // scores after each step and P; the softmax itself runs in f32.
@@ -60,6 +60,7 @@ struct SoftmaxParams {
     u64 scores;    // elem_t*: [batch, heads, max_nq, max_nk], rows turned into P in place
     u64 lse;       // float*: [batch, heads, max_nq], or [heads, total_q] with varlen
     u64 bias;      // const float*, or null
+    u64 rel_bias;  // const float*: relative-position table [heads][2 rel_radius + 1], or null
     u64 slopes;    // const float*: ALiBi slope per (batch, head), or null
     u64 seq_nq;    // const int*: queries of each sequence
     u64 seq_nk;    // const int*: keys of each sequence
@@ -68,7 +69,7 @@ struct SoftmaxParams {
     i64 bias_stride[4]; // b, h, i, j (0 along broadcast dimensions)
     i64 window_left;    // keys before the diagonal a query sees (huge when unbounded)
     i64 window_right;   // keys after it
-    int batch, heads, max_nq, max_nk, total_q;
+    int batch, heads, max_nq, max_nk, total_q, rel_radius;
     float softcap;      // 0: none
 };
 
@@ -113,6 +114,8 @@ extern "C" __global__ void __launch_bounds__(SOFTMAX_THREADS) standard_softmax(c
     const float* bias = (const float*)p.bias;
     const i64 bias_row = p.bias_offset + (i64)b * p.bias_stride[0] + (i64)h * p.bias_stride[1] +
                          (i64)i * p.bias_stride[2];
+    const int r = p.rel_radius;
+    const float* rel = p.rel_bias ? (const float*)p.rel_bias + (i64)h * (2 * r + 1) : 0;
 
     // Pass 1: the score mods, each rounded to T as stored; the row maximum over visible keys,
     // NaN when one of them is NaN (then P and the LSE are NaN, as in peers).
@@ -121,10 +124,12 @@ extern "C" __global__ void __launch_bounds__(SOFTMAX_THREADS) standard_softmax(c
         if (j < lo || j >= hi) continue;
         float s = to_f32(row[j]);
         if (p.softcap > 0.0f) s = round_elem(p.softcap * tanhf(s / p.softcap));
-        if (slope != 0.0f || bias) {
-            const float alibi = slope * (float)llabs((i64)j - center);
+        if (slope != 0.0f || bias || rel) {
+            const i64 d = (i64)j - center;
+            const float alibi = slope * (float)llabs(d);
             const float add = bias ? bias[bias_row + (i64)j * p.bias_stride[3]] : 0.0f;
-            s = round_elem(s - alibi + add);
+            const float add_rel = rel ? rel[d < -r ? 0 : d > r ? 2 * r : d + r] : 0.0f;
+            s = round_elem(s - alibi + add + add_rel);
         }
         row[j] = from_f32(s);
         m = fmaxf(m, s);

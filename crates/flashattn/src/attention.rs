@@ -114,7 +114,8 @@ pub fn forward_into(
 /// [`backward`] into gradients the caller owns (for instance those of an earlier call), so
 /// that a loop of calls allocates no gradients: `dq`, `dk`, `dv` shaped like q, k, v in their
 /// dtype (any strides that reach each element once, head dimension contiguous), and `dbias`
-/// given exactly when the call has a bias, shaped like it, f32, contiguous. Each must be a tensor
+/// given exactly when the call has a bias, shaped like it, f32, contiguous (and `drel_bias` likewise
+/// for a relative-position bias table). Each must be a tensor
 /// no other tensor shares a buffer with, on q's device. Every element is overwritten; nothing is
 /// written unless every argument is valid.
 ///
@@ -146,32 +147,37 @@ pub fn backward_into(
     expect_writable(&mut grads.dq, "dq", q.shape(), dtype, device, Layout::Rows)?;
     expect_writable(&mut grads.dk, "dk", k.shape(), dtype, device, Layout::Rows)?;
     expect_writable(&mut grads.dv, "dv", v.shape(), dtype, device, Layout::Rows)?;
-    match (&p.bias, grads.dbias.as_mut()) {
-        (Some((bias, _)), Some(db)) => expect_writable(
-            db,
-            "dbias",
-            bias.shape(),
-            DType::F32,
-            device,
-            Layout::Contiguous,
-        )?,
-        (Some(_), None) => {
-            return Err(Error::arg(
-                "dbias",
-                "a tensor (the call has a bias)",
-                "None",
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(Error::arg(
-                "dbias",
-                "None (the call has no bias)",
-                "a tensor",
-            ));
-        }
-        (None, None) => {}
-    }
+    let bias = p.bias.as_ref().map(|(t, _)| t.shape());
+    expect_bias_grad(grads.dbias.as_mut(), "dbias", bias, device)?;
+    let rel = p.rel_bias.as_ref().map(|r| r.table.shape());
+    expect_bias_grad(grads.drel_bias.as_mut(), "drel_bias", rel, device)?;
     backend(p.device)?.backward_into(&p, [q, k, v, out, lse, dout], grads)
+}
+
+/// Checks a bias gradient handed to [`backward_into`]: given exactly when the call has that bias
+/// (of shape `shape`), f32, contiguous.
+fn expect_bias_grad(
+    grad: Option<&mut Tensor>,
+    arg: &'static str,
+    shape: Option<&[usize]>,
+    device: crate::tensor::Device,
+) -> Result<()> {
+    match (shape, grad) {
+        (Some(shape), Some(g)) => {
+            expect_writable(g, arg, shape, DType::F32, device, Layout::Contiguous)
+        }
+        (Some(_), None) => Err(Error::arg(
+            arg,
+            format!("a tensor (the call has a {})", &arg[1..]),
+            "None",
+        )),
+        (None, Some(_)) => Err(Error::arg(
+            arg,
+            format!("None (the call has no {})", &arg[1..]),
+            "a tensor",
+        )),
+        (None, None) => Ok(()),
+    }
 }
 
 #[cfg(test)]

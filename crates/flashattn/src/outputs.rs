@@ -34,6 +34,9 @@ pub struct Gradients {
     pub dv: Tensor,
     /// Gradient of the bias, f32, in the bias' shape (summed over its broadcast dimensions).
     pub dbias: Option<Tensor>,
+    /// Gradient of the relative-position bias table, f32, `[heads, 2L − 1]`: each entry sums
+    /// `dS` over the (query, key) pairs that read it.
+    pub drel_bias: Option<Tensor>,
 }
 
 /// How an output's elements must be laid out.
@@ -41,7 +44,7 @@ pub struct Gradients {
 pub(crate) enum Layout {
     /// Any strides with a contiguous last dimension (`out`, `dq`, `dk`, `dv`: q's dtype).
     Rows,
-    /// Row-major (`lse`, `dbias`: f32), as the kernels index them.
+    /// Row-major (`lse`, `dbias`, `drel_bias`: f32), as the kernels index them.
     Contiguous,
 }
 

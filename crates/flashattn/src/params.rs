@@ -5,7 +5,8 @@
 //!
 //! 1. `s = (q_i · k_j) · scale`
 //! 2. softcap: `s = cap · tanh(s / cap)`
-//! 3. ALiBi and bias: `s = s − slope · |i + nk − nq − j| + bias[b, h, i, j]`
+//! 3. ALiBi and biases: `s = s − slope · |i + nk − nq − j| + bias[b, h, i, j] + rel_bias[h, r]`,
+//!    `r = clamp(j − (i + nk − nq), −(L − 1), L − 1) + L − 1`
 //! 4. mask: `s = −∞` where the [`Window`] hides key `j` from query `i`
 //! 5. `p = softmax_j(s)`, `out_i = Σ_j p_ij · v_j`, `lse_i = log Σ_j exp(s_ij)`
 //!
@@ -47,6 +48,10 @@ pub struct AttentionParams {
     /// dimension either full or 1). With [`VarLen`] the last two are the longest sequence lengths and
     /// sequence `b` reads its top-left corner. Any dtype; read in f32.
     pub bias: Option<Tensor>,
+    /// Relative-position bias table, f32 `[heads, 2L − 1]` (query heads): key `j` of query `i`
+    /// reads column `clamp(j − (i + nk − nq), −(L − 1), L − 1) + L − 1` of its head's row (the
+    /// bottom-right alignment of causal), read in place, never expanded to `seqlen_q × seqlen_k`.
+    pub rel_bias: Option<Tensor>,
     /// Packed variable-length batches; `None` for padded `[batch, seqlen, heads, head_dim]` inputs.
     pub varlen: Option<VarLen>,
     /// Bitwise-reproducible gradients on the GPU (see [`AttentionParams::deterministic`]).
@@ -87,6 +92,12 @@ impl AttentionParams {
     /// An additive bias broadcastable to `[batch, heads, seqlen_q, seqlen_k]`.
     pub fn bias(mut self, bias: Tensor) -> Self {
         self.bias = Some(bias);
+        self
+    }
+
+    /// A relative-position bias table `[heads, 2L − 1]` (f32).
+    pub fn rel_bias(mut self, table: Tensor) -> Self {
+        self.rel_bias = Some(table);
         self
     }
 

@@ -114,3 +114,9 @@ fn varlen() {
     }
     check_backward_cases("backward varlen", 140_000, &cases);
 }
+
+/// The relative-position table's gradient (and the others) over the forward grid's table cases.
+#[test]
+fn rel_bias() {
+    check_backward_cases("backward rel_bias", 190_000, &common::grid::rel_bias());
+}

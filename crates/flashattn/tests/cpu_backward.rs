@@ -246,12 +246,14 @@ struct Tiny {
     k: Vec<usize>,
     v: Vec<usize>,
     bias: Option<Vec<usize>>,
+    /// The shape of a relative-position table.
+    rel: Option<Vec<usize>>,
     params: AttentionParams,
 }
 
 /// Central differences (h = 1e-3 on the f32 inputs) of `L = Σ dout·out` through the oracle's
 /// f64 forward, against the oracle's analytic gradient (≤ 1e-5) and flashattn's (≤ 1e-5 + the
-/// f32 tolerance), for q, k, v and the bias.
+/// f32 tolerance), for q, k, v and the biases.
 fn check_finite_differences(name: &str, seed: u64, tiny: &Tiny) {
     let mut rng = common::rng(seed);
     let mut mk = |s: &[usize]| common::values(&mut rng, s.iter().product(), 1.7);
@@ -261,6 +263,10 @@ fn check_finite_differences(name: &str, seed: u64, tiny: &Tiny) {
         inputs.push(mk(b));
         shapes.push(b.clone());
     }
+    if let Some(r) = &tiny.rel {
+        inputs.push(mk(r));
+        shapes.push(r.clone());
+    }
     let mut out_shape = tiny.q.clone();
     *out_shape.last_mut().unwrap() = *tiny.v.last().unwrap();
     let dout = mk(&out_shape);
@@ -269,8 +275,12 @@ fn check_finite_differences(name: &str, seed: u64, tiny: &Tiny) {
     let build = |xs: &[Vec<f32>]| {
         let t: Vec<Tensor> = xs.iter().zip(&shapes).map(|(d, s)| tensor(d, s)).collect();
         let mut p = tiny.params.clone();
+        let mut extra = t[3..].iter();
         if tiny.bias.is_some() {
-            p.bias = Some(t[3].clone());
+            p.bias = extra.next().cloned();
+        }
+        if tiny.rel.is_some() {
+            p.rel_bias = extra.next().cloned();
         }
         (t, p)
     };
@@ -287,6 +297,7 @@ fn check_finite_differences(name: &str, seed: u64, tiny: &Tiny) {
     let ours = common::grads(&g);
     let mut analytic = vec![og.dq, og.dk, og.dv];
     analytic.extend(og.dbias);
+    analytic.extend(og.drel_bias);
     for (which, want) in analytic.iter().enumerate() {
         let numeric: Vec<f64> = (0..inputs[which].len())
             .map(|i| {
@@ -315,6 +326,7 @@ fn finite_differences_gqa_causal() {
         k: vec![2, 6, 2, 3],
         v: vec![2, 6, 2, 2],
         bias: None,
+        rel: None,
         params: AttentionParams::default().causal(),
     };
     check_finite_differences("gqa causal", 270_001, &tiny);
@@ -327,6 +339,7 @@ fn finite_differences_varlen_options() {
         k: vec![7, 1, 2],
         v: vec![7, 1, 3],
         bias: Some(vec![1, 2, 3, 3]),
+        rel: None,
         params: AttentionParams::default()
             .varlen(vec![0, 2, 2, 5, 6], vec![0, 3, 4, 4, 7])
             .window(1, 1)
@@ -335,4 +348,21 @@ fn finite_differences_varlen_options() {
             .alibi(Tensor::from_vec(vec![0.2f32, 0.05], &[2]).unwrap()),
     };
     check_finite_differences("varlen options", 270_002, &tiny);
+}
+
+#[test]
+fn finite_differences_rel_bias() {
+    // L = 3 on 5 queries × 7 keys: the clamped entries at both ends take several pairs each.
+    let tiny = Tiny {
+        q: vec![2, 5, 2, 3],
+        k: vec![2, 7, 1, 3],
+        v: vec![2, 7, 1, 2],
+        bias: Some(vec![1, 2, 1, 7]),
+        rel: Some(vec![2, 5]),
+        params: AttentionParams::default()
+            .window(4, 1)
+            .softcap(1.1)
+            .alibi(Tensor::from_vec(vec![0.15f32, 0.3], &[2]).unwrap()),
+    };
+    check_finite_differences("rel_bias", 270_003, &tiny);
 }

@@ -140,6 +140,14 @@ fn varlen() {
     check_gpu_backward_cases("backward varlen", 240_000, &cases);
 }
 
+/// The relative-position table's gradient (and the others) over the forward grid's table cases,
+/// on the tensor-core (f16/bf16) and CUDA-core (f32) key-block kernels.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn rel_bias() {
+    check_gpu_backward_cases("backward rel_bias", 245_000, &common::grid::rel_bias());
+}
+
 /// Rows that see no key (causal with Nq > Nk, LSE −∞): their dq rows are exactly 0, nothing
 /// is NaN, and the rest meets the bounds.
 #[test]
@@ -194,6 +202,11 @@ fn backward_into_padded_gradients() {
                 .bias
                 .as_ref()
                 .map(|b| on_gpu(Tensor::full(b.shape(), DType::F32, f32::NAN).unwrap())),
+            drel_bias: x
+                .p
+                .rel_bias
+                .as_ref()
+                .map(|r| on_gpu(Tensor::full(r.shape(), DType::F32, f32::NAN).unwrap())),
         };
         let out = f.out.to_device(Device::Cpu).unwrap();
         for call in 0..2 {
@@ -339,7 +352,7 @@ fn hopper_kernel() {
     }
 }
 
-/// Deterministic mode: two backward calls give the same bits (dq, dk, dv, dbias), on the
+/// Deterministic mode: two backward calls give the same bits (dq, dk, dv, dbias, drel_bias), on the
 /// tensor-core and CUDA-core key-block kernels, with biases broadcast over every combination of
 /// dims (each walks a different path of the dQ pass), GQA and varlen; and the gradients meet the
 /// bounds.
@@ -369,6 +382,17 @@ fn deterministic_gradients_repeat_bitwise() {
             .causal()
             .bias([false, true, true, false])
             .dtype(DType::F16),
+        base(6, 64).causal().rel_bias(40).alibi(Alibi::PerBatchHead),
+        base(7, 32)
+            .rel_bias(3)
+            .bias([false, true, false, true])
+            .layout(Layout::Bhnd),
+        Case::new(0, 0, 64)
+            .varlen(&[(5, 7), (63, 64), (0, 3), (113, 65)])
+            .heads(4, 2)
+            .window(Some(20), Some(4))
+            .rel_bias(70)
+            .dtype(DType::BF16),
     ];
     let bits = |g: &Gradients| {
         let mut all = vec![
@@ -377,6 +401,7 @@ fn deterministic_gradients_repeat_bitwise() {
             common::bits(&g.dv),
         ];
         all.extend(g.dbias.as_ref().map(common::bits));
+        all.extend(g.drel_bias.as_ref().map(common::bits));
         all
     };
     for (n, case) in cases.iter().enumerate() {

@@ -39,6 +39,7 @@ grid_tests! {
     options_combined: 160_000,
     dtypes_and_layouts: 170_000,
     varlen: 180_000,
+    rel_bias: 190_000,
 }
 
 /// Scores of about ±1e4 (as `tests/numerics.rs`): the online softmax rescales without overflow.
@@ -254,6 +255,7 @@ fn device_errors() {
         dk: x.k.to_device(GPU).unwrap(),
         dv: x.v.to_device(GPU).unwrap(),
         dbias: None,
+        drel_bias: None,
     };
     match flashattn::backward_into(q, k, v, &f.out, &f.lse, &f.out, &p, &mut grads) {
         Err(Error::DeviceMismatch { arg, .. }) => assert_eq!(arg, "dq"),

@@ -15,7 +15,8 @@ use flashattn::DType::{BF16, F16};
 use flashattn::internals::{last_cuda_forward_kernel, set_hopper_forward};
 
 /// Problems the wgmma kernel takes: both dtypes, head dims 64 to 256 and padded ones, V's head dim
-/// apart from Q's, causal with Nq ≠ Nk both ways, windows, GQA and MQA, every score option,
+/// apart from Q's, causal with Nq ≠ Nk both ways, windows, GQA and MQA, every score option (the
+/// relative-position table too),
 /// batch > 1, lengths 1 to 2500, and `[B, H, N, D]` storage (strided rows that TMA still loads).
 fn wgmma_cases() -> Vec<Case> {
     vec![
@@ -79,6 +80,20 @@ fn wgmma_cases() -> Vec<Case> {
         Case::new(2100, 2500, 48)
             .dtype(BF16)
             .window(Some(300), Some(20)),
+        // A relative-position table alone and with every other option.
+        Case::new(200, 300, 128)
+            .dtype(BF16)
+            .heads(4, 2)
+            .causal()
+            .rel_bias(64),
+        Case::new(113, 203, 64)
+            .dtype(F16)
+            .window(Some(50), Some(10))
+            .softcap(10.0)
+            .alibi(Alibi::PerHead)
+            .bias([false, true, true, true])
+            .rel_bias(500),
+        Case::new(150, 150, 256).dtype(BF16).rel_bias(7),
     ]
 }
 

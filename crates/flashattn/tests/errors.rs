@@ -303,6 +303,46 @@ fn bad_bias() {
 }
 
 #[test]
+fn bad_rel_bias() {
+    let (q, k, v) = qkv();
+    let p = |r: Tensor| AttentionParams::default().rel_bias(r);
+    let want = "shape [4, 2L - 1]";
+    for shape in [&[4, 6][..], &[2, 5], &[4], &[1, 4, 5], &[4, 0]] {
+        let got = format!("{shape:?}");
+        forward_err(&q, &k, &v, &p(t(shape)), "rel_bias", &[want, &got]);
+    }
+    forward_err(
+        &q,
+        &k,
+        &v,
+        &p(th(&[4, 5], DType::F16)),
+        "rel_bias",
+        &["f32", "f16"],
+    );
+    // A transposed (non-contiguous) view of a valid table is read through a copy.
+    let table = t(&[5, 4]).transpose(0, 1).unwrap();
+    assert!(forward(&q, &k, &v, &p(table)).is_ok());
+}
+
+/// `backward_into` takes a relative-position table's gradient exactly when the call has one.
+#[test]
+fn rel_bias_gradient_given_exactly_with_a_table() {
+    let (q, k, v) = qkv();
+    let with = AttentionParams::default().rel_bias(t(&[4, 3]));
+    for (p, drel, says) in [
+        (&with, None, "a tensor"),
+        (&AttentionParams::default(), Some(t(&[4, 3])), "None"),
+        (&with, Some(t(&[4, 5])), "[4, 3]"),
+    ] {
+        let f = forward(&q, &k, &v, p).unwrap();
+        let mut g = backward(&q, &k, &v, &f.out, &f.lse, &f.out, p).unwrap();
+        g.drel_bias = drel;
+        let r = flashattn::backward_into(&q, &k, &v, &f.out, &f.lse, &f.out, p, &mut g);
+        expect_err(r, "drel_bias", &[says]);
+    }
+}
+
+#[test]
 fn bad_alibi() {
     let (q, k, v) = qkv();
     let p = |s: Tensor| AttentionParams::default().alibi(s);

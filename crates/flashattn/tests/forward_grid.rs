@@ -58,6 +58,12 @@ fn varlen() {
     check_forward_cases("varlen", 80_000, &grid::varlen());
 }
 
+/// The relative-position table alone and with every other option.
+#[test]
+fn rel_bias() {
+    check_forward_cases("rel_bias", 90_000, &grid::rel_bias());
+}
+
 /// Decoding steps (one query) with the query heads of a key/value head as a panel's lanes:
 /// GQA groups below, at and beyond one panel (2, 4, 16, 32 heads), key counts over several key
 /// blocks, masks that cut the keys from the left, softcap, every dtype, both layouts and a

@@ -50,6 +50,10 @@ fn backward_into_writes_what_backward_returns_in_any_layout() {
             dv: padded(x.v.shape(), case.dtype),
             // NaN: the bias gradient is accumulated, so it must be zeroed by the call.
             dbias: want.dbias.as_ref().map(|d| contiguous_at_offset(d.shape())),
+            drel_bias: want
+                .drel_bias
+                .as_ref()
+                .map(|d| contiguous_at_offset(d.shape())),
         };
         for call in 0..2 {
             backward_into(&x.q, &x.k, &x.v, &f.out, &f.lse, &x.dout, &x.p, &mut g).unwrap();
@@ -62,6 +66,11 @@ fn backward_into_writes_what_backward_returns_in_any_layout() {
             }
             let dbias = (g.dbias.as_ref().map(bits), want.dbias.as_ref().map(bits));
             assert_eq!(dbias.0, dbias.1, "case {i}, call {call}: dbias");
+            let drel = (
+                g.drel_bias.as_ref().map(bits),
+                want.drel_bias.as_ref().map(bits),
+            );
+            assert_eq!(drel.0, drel.1, "case {i}, call {call}: drel_bias");
         }
     }
 }
@@ -155,6 +164,7 @@ fn outputs_that_cannot_take_the_result_are_typed_errors_and_nothing_is_written()
         dk: fresh(&x.k.transpose(1, 2).unwrap()),
         dv: fresh(v),
         dbias: None,
+        drel_bias: None,
     };
     let call = |g: &mut Gradients, p: &AttentionParams| {
         backward_into(q, k, v, &f.out, &f.lse, &x.dout, p, g)

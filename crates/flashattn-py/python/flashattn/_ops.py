@@ -36,7 +36,7 @@ def _desc(name: str, t: Tensor):
 
 
 def _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap,
-          deterministic=False):
+          deterministic=False, rel_bias=None):
     """The native module's options tuple; negative window sides and a zero softcap mean none."""
     window = (window_left if window_left >= 0 else None, window_right if window_right >= 0 else None)
     varlen = None
@@ -50,6 +50,7 @@ def _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, wi
         None if bias is None else _desc("bias", bias),
         varlen,
         bool(deterministic),
+        None if rel_bias is None else _desc("rel_bias", rel_bias),
     )
 
 
@@ -66,11 +67,14 @@ def _fwd_outputs(q: Tensor, v: Tensor, varlen: bool) -> Tuple[Tensor, Tensor]:
     return out, q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
 
 
-def _bwd_outputs(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The backward's dq, dk, dv (their inputs' shapes and dtypes) and dbias (f32; empty without a
-    bias), unwritten."""
+def _bwd_outputs(
+    q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], rel_bias: Optional[Tensor]
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The backward's dq, dk, dv (their inputs' shapes and dtypes), dbias and drel_bias (f32; empty
+    without that bias), unwritten."""
     dbias = q.new_empty(bias.shape if bias is not None else [0], dtype=torch.float32)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
+    drel = q.new_empty(rel_bias.shape if rel_bias is not None else [0], dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias, drel
 
 
 def _fwd(
@@ -86,11 +90,15 @@ def _fwd(
     window_right: int,
     softcap: float,
     deterministic: bool = False,
+    rel_bias: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Attention output (contiguous, q's dtype, v's head dim) and log-sum-exp (f32);
-    ``deterministic`` is kept for the backward."""
+    ``deterministic`` is kept for the backward; ``rel_bias`` a relative-position table (f32
+    ``[heads, 2L - 1]``)."""
     out, lse = _fwd_outputs(q, v, cu_seqlens_q is not None)
-    opts = _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap)
+    opts = _opts(
+        bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap, False, rel_bias
+    )
     with _cuda.on_device(q):
         qkv, outputs = (_desc("q", q), _desc("k", k), _desc("v", v)), (_desc("out", out), _desc("lse", lse))
         _native.forward(qkv, outputs, opts, _cuda.stream(q))
@@ -102,7 +110,7 @@ fwd = torch.library.custom_op("flashattn::fwd", mutates_args=(), device_types=("
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap,
-              deterministic=False):
+              deterministic=False, rel_bias=None):
     return _fwd_outputs(q, v, cu_seqlens_q is not None)
 
 
@@ -122,20 +130,29 @@ def _bwd(
     window_right: int,
     softcap: float,
     deterministic: bool = False,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """dq, dk, dv (contiguous, in their inputs' dtype) and dbias (f32, bias' shape; empty
-    without a bias); ``deterministic``: the same bits on every run (the library's mode)."""
-    dq, dk, dv, dbias = _bwd_outputs(q, k, v, bias)
+    rel_bias: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv (contiguous, in their inputs' dtype), dbias and drel_bias (f32, in their
+    biases' shapes; empty without that bias); ``deterministic``: the same bits on every run (the
+    library's mode)."""
+    dq, dk, dv, dbias, drel = _bwd_outputs(q, k, v, bias, rel_bias)
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     opts = _opts(
-        bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap, deterministic
+        bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap, deterministic,
+        rel_bias,
     )
     inputs = tuple(_desc(n, t) for n, t in zip(("q", "k", "v", "out", "lse", "dout"), (q, k, v, out, lse, dout)))
-    grads = (_desc("dq", dq), _desc("dk", dk), _desc("dv", dv), None if bias is None else _desc("dbias", dbias))
+    grads = (
+        _desc("dq", dq),
+        _desc("dk", dk),
+        _desc("dv", dv),
+        None if bias is None else _desc("dbias", dbias),
+        None if rel_bias is None else _desc("drel_bias", drel),
+    )
     with _cuda.on_device(q):
         _native.backward(inputs, grads, opts, _cuda.stream(q))
-    return dq, dk, dv, dbias
+    return dq, dk, dv, dbias, drel
 
 
 bwd = torch.library.custom_op("flashattn::bwd", mutates_args=(), device_types=("cpu", "cuda"))(_bwd)
@@ -143,24 +160,25 @@ bwd = torch.library.custom_op("flashattn::bwd", mutates_args=(), device_types=("
 
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, wl, wr, softcap,
-              deterministic=False):
-    return _bwd_outputs(q, k, v, bias)
+              deterministic=False, rel_bias=None):
+    return _bwd_outputs(q, k, v, bias, rel_bias)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, wl, wr, softcap, deterministic = inputs
+    q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, wl, wr, softcap, deterministic, rel_bias = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rel_bias)
     ctx.options = (scale, wl, wr, softcap, deterministic)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, _dlse):
-    q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rel_bias = ctx.saved_tensors
     args = (dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
-    dq, dk, dv, dbias = (_bwd if _eager(args) else bwd)(*args, *ctx.options)
+    dq, dk, dv, dbias, drel = (_bwd if _eager(args + (rel_bias,)) else bwd)(*args, *ctx.options, rel_bias)
     dbias = dbias.to(bias.dtype) if bias is not None else None
-    return dq, dk, dv, dbias, None, None, None, None, None, None, None, None
+    drel = drel if rel_bias is not None else None
+    return dq, dk, dv, dbias, None, None, None, None, None, None, None, None, drel
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -194,15 +212,14 @@ class _Attention(torch.autograd.Function):
 
 
 def attention(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap,
-              deterministic):
+              deterministic, rel_bias=None):
     """``flashattn::fwd(...)``'s result, the same as calling the operator: in plain eager code
     (:func:`_eager`) its implementation, through :class:`_Attention` when a gradient is needed;
     else the operator."""
     args = (q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap,
-            deterministic)
-    if not _eager(args[:7]):
+            deterministic, rel_bias)
+    if not _eager(args[:7] + (rel_bias,)):
         return fwd(*args)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
-                                    or (bias is not None and bias.requires_grad)):
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias, rel_bias)):
         return _Attention.apply(*args)
     return _fwd(*args)

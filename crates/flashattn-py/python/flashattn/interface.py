@@ -58,6 +58,7 @@ def flash_attn_func(
     return_attn_probs=False,
     *,
     bias=None,
+    rel_bias=None,
 ):
     """Exact attention of ``q`` ``[batch, seqlen_q, heads, head_dim]`` over ``k``, ``v``
     ``[batch, seqlen_k, heads_k, head_dim]`` (``heads`` a multiple of ``heads_k``: MQA/GQA).
@@ -66,7 +67,10 @@ def flash_attn_func(
     ``softcap`` 0 is none, ``alibi_slopes`` f32 ``[heads]`` or ``[batch, heads]``; with
     ``return_attn_probs`` the result is ``(out, softmax_lse, None)``, ``softmax_lse`` f32
     ``[batch, heads, seqlen_q]``. ``bias`` (keyword only) is an additive bias broadcastable to
-    ``[batch, heads, seqlen_q, seqlen_k]``, differentiable. ``deterministic=True`` makes the CUDA
+    ``[batch, heads, seqlen_q, seqlen_k]``, differentiable. ``rel_bias`` (keyword only) is a
+    relative-position table, f32 ``[heads, 2L - 1]``, differentiable: query ``i`` and key ``j`` add
+    ``rel_bias[h, clamp(j - (i + seqlen_k - seqlen_q), -(L-1), L-1) + L - 1]`` to their score
+    (after softcap, with ALiBi and the bias). ``deterministic=True`` makes the CUDA
     backward give the same bits on every run (dQ and the bias gradient in a fixed order instead of
     by atomics); the CPU backward already does for a thread count. CUDA tensors run on PyTorch's
     current stream.
@@ -74,12 +78,14 @@ def flash_attn_func(
     they lie and give torch tensors (``cupy.from_dlpack(out)`` takes them back without a copy).
     """
     (q, numpy), (k, _), (v, _) = _torch(q), _torch(k), _torch(v)
-    bias, alibi_slopes = _torch(bias)[0], _torch(alibi_slopes)[0]
-    _check(dropout_p, ("q", q), ("k", k), ("v", v), ("bias", bias), ("alibi_slopes", alibi_slopes))
+    bias, alibi_slopes, rel_bias = _torch(bias)[0], _torch(alibi_slopes)[0], _torch(rel_bias)[0]
+    _check(
+        dropout_p, ("q", q), ("k", k), ("v", v), ("bias", bias), ("alibi_slopes", alibi_slopes), ("rel_bias", rel_bias)
+    )
     left, right = _window(causal, window_size)
     out, lse = _ops.attention(
         _rows(q), _rows(k), _rows(v), bias, alibi_slopes, None, None, softmax_scale, left, right, float(softcap),
-        bool(deterministic),
+        bool(deterministic), rel_bias,
     )
     return _finish(out, lse, numpy, return_attn_probs)
 
@@ -100,20 +106,23 @@ def flash_attn_varlen_func(
     alibi_slopes=None,
     deterministic=False,
     return_attn_probs=False,
+    *,
+    rel_bias=None,
 ):
     """Attention over packed variable-length sequences: ``q`` ``[total_q, heads, head_dim]``,
     ``k``, ``v`` ``[total_k, heads_k, head_dim]``, sequence ``b`` the rows
     ``cu_seqlens[b]:cu_seqlens[b + 1]`` (int32, ``batch + 1`` entries from 0). ``max_seqlen_q``
     and ``max_seqlen_k`` are accepted as FlashAttention-2 takes them; the lengths come from the
-    ``cu_seqlens``. Otherwise as :func:`flash_attn_func`; ``softmax_lse`` is
-    ``[heads, total_q]``.
+    ``cu_seqlens``. Otherwise as :func:`flash_attn_func` (``rel_bias`` too, each sequence aligned
+    by its own lengths); ``softmax_lse`` is ``[heads, total_q]``.
     """
     (q, numpy), (k, _), (v, _) = _torch(q), _torch(k), _torch(v)
     cu_q, cu_k, alibi_slopes = _torch(cu_seqlens_q)[0], _torch(cu_seqlens_k)[0], _torch(alibi_slopes)[0]
-    _check(dropout_p, ("q", q), ("k", k), ("v", v), ("alibi_slopes", alibi_slopes))
+    rel_bias = _torch(rel_bias)[0]
+    _check(dropout_p, ("q", q), ("k", k), ("v", v), ("alibi_slopes", alibi_slopes), ("rel_bias", rel_bias))
     left, right = _window(causal, window_size)
     out, lse = _ops.attention(
         _rows(q), _rows(k), _rows(v), None, alibi_slopes, cu_q, cu_k, softmax_scale, left, right, float(softcap),
-        bool(deterministic),
+        bool(deterministic), rel_bias,
     )
     return _finish(out, lse, numpy, return_attn_probs)

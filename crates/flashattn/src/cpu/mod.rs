@@ -32,6 +32,7 @@ use crate::tensor::{CpuStorage, Tensor, contiguous_strides};
 pub(crate) use convert::CpuElement;
 use planning::schedule;
 pub use profile::report as forward_profile;
+use score_mods::Biases;
 pub(crate) use shared_out::SharedOut;
 /// The vectorized row exp, also used by the standard attention baseline (one exp for both).
 pub(crate) use simd::exp::exp2_shifted_sum;
@@ -207,19 +208,26 @@ fn run_forward<T: CpuElement>(
     out: SharedOut<'_, T>,
     lse: SharedOut<'_, f32>,
 ) -> Result<()> {
-    let bias = p
-        .bias
-        .as_ref()
-        .map(|(t, _)| host::<f32>(t, "bias"))
-        .transpose()?;
     let inputs = forward::Inputs {
         q: host(q, "q")?,
         k: host(k, "k")?,
         v: host(v, "v")?,
-        bias,
+        biases: biases(p)?,
     };
     forward::run(p, inputs, out, lse);
     Ok(())
+}
+
+/// The f32 buffers of `p`'s biases.
+fn biases(p: &Problem) -> Result<Biases<'_>> {
+    Ok(Biases {
+        bias: p.bias.as_ref().map(|(t, _)| host(t, "bias")).transpose()?,
+        rel: p
+            .rel_bias
+            .as_ref()
+            .map(|r| host(&r.table, "rel_bias"))
+            .transpose()?,
+    })
 }
 
 fn backward(p: &Problem, x: BackwardInputs<'_>) -> Result<Gradients> {
@@ -233,11 +241,11 @@ fn backward(p: &Problem, x: BackwardInputs<'_>) -> Result<Gradients> {
 /// The backward into gradients validated by `crate::outputs::expect_writable`: the bias
 /// gradient is zeroed first (the backward adds into it), the others are written whole.
 fn backward_into(p: &Problem, x: BackwardInputs<'_>, g: &mut Gradients) -> Result<()> {
-    if let Some(dbias) = g.dbias.as_mut() {
-        let range = view_range(dbias);
-        fill_with(&mut writable::<f32>(dbias, "dbias")?[range], |_, c| {
-            c.fill(0.0)
-        });
+    for (grad, arg) in [(&mut g.dbias, "dbias"), (&mut g.drel_bias, "drel_bias")] {
+        if let Some(t) = grad.as_mut() {
+            let range = view_range(t);
+            fill_with(&mut writable::<f32>(t, arg)?[range], |_, c| c.fill(0.0));
+        }
     }
     match p.dtype {
         DType::F32 => backward_into_typed::<f32>(p, x, g),
@@ -256,7 +264,8 @@ fn backward_into_typed<T: CpuElement>(
         dq: SharedOut::new(writable::<T>(&mut g.dq, "dq")?, layouts[0]),
         dk: SharedOut::new(writable::<T>(&mut g.dk, "dk")?, layouts[1]),
         dv: SharedOut::new(writable::<T>(&mut g.dv, "dv")?, layouts[2]),
-        dbias: dbias_view(&mut g.dbias)?,
+        dbias: dbias_view(&mut g.dbias, "dbias")?,
+        drel_bias: dbias_view(&mut g.drel_bias, "drel_bias")?,
     };
     backward_run::<T>(p, x, outputs)
 }
@@ -272,11 +281,16 @@ fn backward_typed<T: CpuElement>(p: &Problem, x: BackwardInputs<'_>) -> Result<G
         Some((b, _)) => Some(zeros_f32(b.shape(), "dbias")?),
         None => None,
     };
+    let mut drel_bias = match &p.rel_bias {
+        Some(r) => Some(zeros_f32(r.table.shape(), "drel_bias")?),
+        None => None,
+    };
     let outputs = backward::Outputs {
         dq: dq.shared(),
         dk: dk.shared(),
         dv: dv.shared(),
-        dbias: dbias_view(&mut dbias)?,
+        dbias: dbias_view(&mut dbias, "dbias")?,
+        drel_bias: dbias_view(&mut drel_bias, "drel_bias")?,
     };
     backward_run::<T>(p, x, outputs)?;
     // SAFETY: `backward_run` returned Ok, so the kernels wrote every element of dq (each query
@@ -287,16 +301,20 @@ fn backward_typed<T: CpuElement>(p: &Problem, x: BackwardInputs<'_>) -> Result<G
             dk: dk.written("dk")?,
             dv: dv.written("dv")?,
             dbias,
+            drel_bias,
         })
     }
 }
 
-/// The elements of the bias gradient's view, when there is one.
-fn dbias_view(dbias: &mut Option<Tensor>) -> Result<Option<&mut [f32]>> {
+/// The elements of a bias gradient's view (argument `arg`), when there is one.
+fn dbias_view<'t>(
+    dbias: &'t mut Option<Tensor>,
+    arg: &'static str,
+) -> Result<Option<&'t mut [f32]>> {
     match dbias.as_mut() {
         Some(t) => {
             let range = view_range(t);
-            Ok(Some(&mut writable::<f32>(t, "dbias")?[range]))
+            Ok(Some(&mut writable::<f32>(t, arg)?[range]))
         }
         None => Ok(None),
     }
@@ -321,18 +339,13 @@ fn backward_run<T: CpuElement>(
         out: row_layout(out),
         dout: row_layout(dout),
     };
-    let bias = p
-        .bias
-        .as_ref()
-        .map(|(t, _)| host::<f32>(t, "bias"))
-        .transpose()?;
     backward::run(
         p,
         backward::Inputs {
             q: host(q, "q")?,
             k: host(k, "k")?,
             v: host(v, "v")?,
-            bias,
+            biases: biases(p)?,
             out: host(out, "out")?,
             lse: lse_rows,
             dout: host(dout, "dout")?,

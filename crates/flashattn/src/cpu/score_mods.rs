@@ -1,5 +1,5 @@
 //! The per-element steps between `q·k·scale` and the softmax, applied to a score panel in place:
-//! softcap → ALiBi → bias → (to base 2) → mask, in the documented order.
+//! softcap → ALiBi → biases → (to base 2) → mask, in the documented order.
 //!
 //! Tiles that need none of them (no option, inside the mask) never come here: their scale already
 //! carries `log2(e)` and the forward feeds them straight to the online softmax.
@@ -14,6 +14,15 @@ use crate::cpu::simd::multiversion;
 use crate::cpu::simd::softcap::softcap;
 use crate::cpu::simd::transpose::transpose;
 
+/// The f32 buffers of the call's biases (those it has).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Biases<'a> {
+    /// The additive bias' buffer (indexed by `Problem::bias_row_at`).
+    pub bias: Option<&'a [f32]>,
+    /// The relative-position table's buffer (indexed by `RelBias::row_at`).
+    pub rel: Option<&'a [f32]>,
+}
+
 /// The score options of one (sequence, query head).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ScoreMods<'a> {
@@ -22,30 +31,37 @@ pub(crate) struct ScoreMods<'a> {
     slope: f32,
     /// The f32 bias and the element index of `bias[b, h, 0, 0]`, with its strides.
     bias: Option<(&'a [f32], usize, BiasLayout)>,
+    /// The head's row of the relative-position table (`2L − 1` entries).
+    rel: Option<&'a [f32]>,
     /// Key position of query 0's diagonal (`nk − nq`).
     diag: i64,
 }
 
 impl<'a> ScoreMods<'a> {
-    /// The options of sequence `b`, query head `h`; `bias` is the f32 bias buffer when given.
-    pub(crate) fn new(p: &Problem, bias: Option<&'a [f32]>, b: usize, h: usize) -> Self {
-        let bias = match (bias, &p.bias) {
+    /// The options of sequence `b`, query head `h`, reading the biases' buffers `x`.
+    pub(crate) fn new(p: &Problem, x: Biases<'a>, b: usize, h: usize) -> Self {
+        let bias = match (x.bias, &p.bias) {
             (Some(data), Some((_, layout))) => {
                 Some((data, p.bias_row_at(layout, b, h, 0), *layout))
             }
+            _ => None,
+        };
+        let rel = match (x.rel, &p.rel_bias) {
+            (Some(data), Some(r)) => Some(&data[r.row_at(h)..r.row_at(h) + r.width()]),
             _ => None,
         };
         ScoreMods {
             softcap: p.softcap,
             slope: p.slope(b, h),
             bias,
+            rel,
             diag: p.seqs[b].nk as i64 - p.seqs[b].nq as i64,
         }
     }
 
     /// True when the scores need any per-element step besides the mask.
     pub(crate) fn any(&self) -> bool {
-        self.softcap.is_some() || self.slope != 0.0 || self.bias.is_some()
+        self.softcap.is_some() || self.slope != 0.0 || self.bias.is_some() || self.rel.is_some()
     }
 
     /// True when the scores pass through a softcap (whose derivative the backward needs).
@@ -57,7 +73,7 @@ impl<'a> ScoreMods<'a> {
 multiversion! {
     /// Turns the scaled scores `q·k·scale` of a `keys × 16` panel (`Sᵀ`, lane `l` = query
     /// `first_query + l`, only the first `queries` lanes used) into base-2 logits by the options
-    /// of `mods`: softcap, ALiBi and bias, then `· log2(e)`; returns each lane's maximum of the
+    /// of `mods`: softcap, ALiBi and the biases, then `· log2(e)`; returns each lane's maximum of the
     /// result. Only call when [`ScoreMods::any`].
     ///
     /// One pass over the panel, compiled for the widest SIMD level the CPU has: element by
@@ -109,6 +125,12 @@ impl ScoreMods<'_> {
                     keys.start + k0,
                     rows,
                 );
+            }
+            if let Some(table) = self.rel {
+                if self.bias.is_none() {
+                    bias.fill(0.0);
+                }
+                rel_block(&mut bias, table, c0 + k0 as i64, queries, rows);
             }
             for (r, (row, b)) in block
                 .chunks_exact_mut(LANES)
@@ -162,6 +184,9 @@ impl ScoreMods<'_> {
                     }
                 }
             }
+            if let Some(table) = self.rel {
+                add_rel_run(row, table, keys.start as i64 - (i as i64 + self.diag));
+            }
             row.iter_mut().for_each(|x| *x *= std::f32::consts::LOG2_E);
         }
     }
@@ -170,7 +195,7 @@ impl ScoreMods<'_> {
 multiversion! {
     /// The backward's [`apply_score_mods`]: turns `q·k·scale` of a tile with queries `rows` as
     /// its rows (`ld` apart in `s.0`, `s.1 = ld`) and `keys` as its columns into base-2 logits
-    /// by the options of `mods` (softcap → ALiBi → bias → `· log2e`) and stores the softcap's
+    /// by the options of `mods` (softcap → ALiBi → biases → `· log2e`) and stores the softcap's
     /// derivative `1 − tanh²(s/cap)` in `dcap` (same layout, when there is a cap), a pass over
     /// each row per step, compiled for the widest SIMD level the CPU has.
     pub(crate) fn apply_score_mods_rows(
@@ -216,6 +241,66 @@ pub(crate) fn sub_alibi(x: &mut [f32], slope: f32, c: i64, step: i64) {
     } else {
         for (k, v) in x.iter_mut().enumerate() {
             *v -= slope * (c as f64 + (step * k as i64) as f64).abs() as f32;
+        }
+    }
+}
+
+/// The keys of a run at distances `d0, d0 + 1, …` from the diagonal, split where the table's
+/// clamp starts: those at `≤ −r` (reading entry 0), those in between (entries `d + r`, from
+/// `middle`), and those at `≥ r` (entry `2r`), for a table of `2r + 1` entries.
+#[inline(always)]
+fn rel_split(n: usize, r: i64, d0: i64) -> (usize, usize, usize) {
+    let a = (1 - r - d0).clamp(0, n as i64);
+    let b = (r - d0).clamp(a, n as i64);
+    (
+        a as usize,
+        b as usize,
+        (d0 + a + r).clamp(0, 2 * r + 1) as usize,
+    )
+}
+
+/// `x[k] += table[clamp(d0 + k, −r, r) + r]`: the relative-position bias along a run of keys
+/// whose distances from the diagonal are `d0, d0 + 1, …` (`table` has `2r + 1` entries).
+#[inline(always)]
+pub(crate) fn add_rel_run(x: &mut [f32], table: &[f32], d0: i64) {
+    let last = table.len() - 1;
+    let (a, b, m) = rel_split(x.len(), (last / 2) as i64, d0);
+    x[..a].iter_mut().for_each(|v| *v += table[0]);
+    x[a..b]
+        .iter_mut()
+        .zip(&table[m..])
+        .for_each(|(v, t)| *v += t);
+    x[b..].iter_mut().for_each(|v| *v += table[last]);
+}
+
+/// The transpose of [`add_rel_run`]: adds each `x[k]` to the table entry that key `k` reads
+/// (`acc` has `2r + 1` entries), in the order of `k` within each entry.
+#[inline(always)]
+pub(crate) fn fold_rel_run(acc: &mut [f32], x: &[f32], d0: i64) {
+    let last = acc.len() - 1;
+    let (a, b, m) = rel_split(x.len(), (last / 2) as i64, d0);
+    acc[0] += x[..a].iter().sum::<f32>();
+    acc[m..].iter_mut().zip(&x[a..b]).for_each(|(g, v)| *g += v);
+    acc[last] += x[b..].iter().sum::<f32>();
+}
+
+/// Adds the relative-position bias to a `rows × 16` block of a panel (lane `l` of row `r` at
+/// distance `d0 + r − l` from the diagonal; lanes from `queries` on are left alone), through one
+/// strip of the `rows + 15` distances the block spans.
+#[inline(always)]
+fn rel_block(
+    block: &mut [f32; LANES * LANES],
+    table: &[f32],
+    d0: i64,
+    queries: usize,
+    rows: usize,
+) {
+    let mut strip = [0f32; 2 * LANES];
+    let strip = &mut strip[..rows + LANES - 1];
+    add_rel_run(strip, table, d0 - (LANES as i64 - 1));
+    for (r, row) in block.chunks_exact_mut(LANES).take(rows).enumerate() {
+        for (l, x) in row[..queries].iter_mut().enumerate() {
+            *x += strip[r + LANES - 1 - l];
         }
     }
 }

@@ -50,6 +50,8 @@ pub(crate) struct Options {
     pub softcap: bool,
     pub alibi: bool,
     pub bias: bool,
+    /// A relative-position table.
+    pub rel_bias: bool,
     /// A window (causal included) hides some keys.
     pub mask: bool,
     /// `scale <= 0`: the row max must be taken after scaling.
@@ -62,6 +64,7 @@ impl Options {
             softcap: p.softcap.is_some(),
             alibi: p.alibi.is_some(),
             bias: p.bias.is_some(),
+            rel_bias: p.rel_bias.is_some(),
             mask: !p.window.is_full(),
             nonpos_scale: p.scale <= 0.0,
         }
@@ -71,6 +74,7 @@ impl Options {
         softcap: false,
         alibi: false,
         bias: false,
+        rel_bias: false,
         mask: true,
         nonpos_scale: false,
     };
@@ -79,6 +83,7 @@ impl Options {
         softcap: true,
         alibi: true,
         bias: true,
+        rel_bias: true,
         mask: true,
         nonpos_scale: true,
     };
@@ -89,6 +94,7 @@ impl Options {
             flag("HAS_SOFTCAP", self.softcap),
             flag("HAS_ALIBI", self.alibi),
             flag("HAS_BIAS", self.bias),
+            flag("HAS_REL_BIAS", self.rel_bias),
             flag("HAS_MASK", self.mask),
             flag("NONPOS_SCALE", self.nonpos_scale),
         ]
@@ -98,7 +104,11 @@ impl Options {
     /// What steers the tile of a variant with these options, for so many query rows.
     fn hints(&self, long_queries: bool) -> Hints {
         Hints {
-            score_mods: self.softcap || self.alibi || self.bias || self.nonpos_scale,
+            score_mods: self.softcap
+                || self.alibi
+                || self.bias
+                || self.rel_bias
+                || self.nonpos_scale,
             mask: self.mask,
             long_queries,
         }
@@ -109,6 +119,7 @@ impl Options {
             (self.softcap, "_softcap"),
             (self.alibi, "_alibi"),
             (self.bias, "_bias"),
+            (self.rel_bias, "_relbias"),
             (self.mask, "_mask"),
             (self.nonpos_scale, "_negscale"),
         ];

@@ -25,6 +25,7 @@ pub(crate) struct FlashParams {
     pub o: u64,
     pub lse: u64,
     pub bias: u64,
+    pub rel_bias: u64,
     pub alibi: u64,
     pub cu_q: u64,
     pub cu_k: u64,
@@ -44,6 +45,7 @@ pub(crate) struct FlashParams {
     pub head_dim_v: i32,
     pub window_left: i32,
     pub window_right: i32,
+    pub rel_radius: i32,
     pub scale: f32,
     pub scale_log2: f32,
     pub softcap: f32,
@@ -63,18 +65,20 @@ pub(crate) struct Pointers {
     pub o: u64,
     pub lse: u64,
     pub bias: u64,
+    pub rel_bias: u64,
     pub alibi: u64,
     pub cu_q: u64,
     pub cu_k: u64,
 }
 
 /// The device copies of what a launch reads beside the tensors: the ALiBi slopes, the
-/// cu_seqlens offsets and the bias (moved to the GPU). Kept alive until the launch is queued;
+/// cu_seqlens offsets and the biases (moved to the GPU). Kept alive until the launch is queued;
 /// their frees are ordered after it on the stream.
 pub(crate) struct Extras {
     _alibi: Option<CudaSlice<f32>>,
     _cu: Option<(CudaSlice<i32>, CudaSlice<i32>)>,
     _bias: Option<Tensor>,
+    _rel_bias: Option<Tensor>,
 }
 
 impl Extras {
@@ -105,10 +109,18 @@ impl Extras {
         if let Some(b) = &bias {
             ptr.bias = device_ptr_of(b, "bias")?;
         }
+        let rel_bias = match &p.rel_bias {
+            Some(r) => Some(r.table.to_device(p.device)?),
+            None => None,
+        };
+        if let Some(t) = &rel_bias {
+            ptr.rel_bias = device_ptr_of(t, "rel_bias")?;
+        }
         Ok(Extras {
             _alibi: alibi,
             _cu: cu,
             _bias: bias,
+            _rel_bias: rel_bias,
         })
     }
 }
@@ -146,6 +158,7 @@ impl FlashParams {
             o: ptr.o,
             lse: ptr.lse,
             bias: ptr.bias,
+            rel_bias: ptr.rel_bias,
             alibi: ptr.alibi,
             cu_q: ptr.cu_q,
             cu_k: ptr.cu_k,
@@ -165,6 +178,7 @@ impl FlashParams {
             head_dim_v: p.head_dim_v as i32,
             window_left: edge(p.window.left),
             window_right: edge(p.window.right),
+            rel_radius: p.rel_bias.as_ref().map_or(0, |r| r.radius as i32),
             scale: p.scale,
             scale_log2: p.scale * std::f32::consts::LOG2_E,
             softcap: p.softcap.unwrap_or(0.0),
@@ -178,9 +192,10 @@ mod tests {
 
     #[test]
     fn layout_matches_the_cuda_struct() {
-        // 9 pointers, 18 strides, 9 ints, 3 floats: 8·27 + 4·12 bytes, no padding.
-        assert_eq!(std::mem::size_of::<FlashParams>(), 8 * 27 + 4 * 12);
-        assert_eq!(std::mem::offset_of!(FlashParams, batch), 8 * 27);
-        assert_eq!(std::mem::offset_of!(FlashParams, scale), 8 * 27 + 4 * 9);
+        // 10 pointers, 18 strides, 10 ints, 3 floats: 8·28 + 4·13 bytes, and 4 of padding to
+        // a multiple of 8 (on both sides).
+        assert_eq!(std::mem::size_of::<FlashParams>(), 8 * 28 + 4 * 14);
+        assert_eq!(std::mem::offset_of!(FlashParams, batch), 8 * 28);
+        assert_eq!(std::mem::offset_of!(FlashParams, scale), 8 * 28 + 4 * 10);
     }
 }

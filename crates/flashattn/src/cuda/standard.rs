@@ -54,6 +54,7 @@ struct SoftmaxParams {
     scores: u64,
     lse: u64,
     bias: u64,
+    rel_bias: u64,
     slopes: u64,
     seq_nq: u64,
     seq_nk: u64,
@@ -67,6 +68,7 @@ struct SoftmaxParams {
     max_nq: i32,
     max_nk: i32,
     total_q: i32,
+    rel_radius: i32,
     softcap: f32,
 }
 
@@ -412,6 +414,13 @@ pub(crate) fn forward(p: &Problem, q: &Tensor, k: &Tensor, v: &Tensor) -> Result
             ),
             None => (0, 0, [0; 4]),
         };
+        let rel_bias = match &p.rel_bias {
+            Some(r) => r
+                .table
+                .cuda_ptr()
+                .ok_or_else(|| Error::Cuda("the rel_bias table is not on the GPU".into()))?,
+            None => 0,
+        };
         let slopes = p
             .alibi
             .as_ref()
@@ -423,6 +432,7 @@ pub(crate) fn forward(p: &Problem, q: &Tensor, k: &Tensor, v: &Tensor) -> Result
             scores: scores.device_ptr(),
             lse: lse_store.device_ptr(),
             bias,
+            rel_bias,
             slopes: slopes.as_ref().map_or(0, |s| {
                 use cudarc::driver::DevicePtr;
                 s.device_ptr(&g.stream).0
@@ -439,6 +449,7 @@ pub(crate) fn forward(p: &Problem, q: &Tensor, k: &Tensor, v: &Tensor) -> Result
             max_nq: nq,
             max_nk: nk,
             total_q: to_i32("total_q", p.total_q)?,
+            rel_radius: p.rel_bias.as_ref().map_or(0, |r| r.radius as i32),
             softcap: p.softcap.unwrap_or(0.0),
         };
         let cfg = LaunchConfig {

@@ -69,6 +69,34 @@ pub struct BiasLayout {
     pub strides: [usize; 4],
 }
 
+/// The relative-position bias: its f32 table `[heads_q, 2L − 1]` (contiguous, possibly at an
+/// offset in its buffer) and `radius = L − 1`.
+#[derive(Clone, Debug)]
+pub struct RelBias {
+    pub table: Tensor,
+    pub radius: usize,
+}
+
+impl RelBias {
+    /// Entries of a head's row, `2L − 1`.
+    pub fn width(&self) -> usize {
+        2 * self.radius + 1
+    }
+
+    /// Element index of `table[h, 0]`.
+    #[inline(always)]
+    pub fn row_at(&self, h: usize) -> usize {
+        self.table.offset() + h * self.width()
+    }
+
+    /// The column read at distance `d = j − (i + nk − nq)` from the diagonal.
+    #[inline(always)]
+    pub fn column(&self, d: i64) -> usize {
+        let r = self.radius as i64;
+        (d.clamp(-r, r) + r) as usize
+    }
+}
+
 /// A validated attention problem.
 #[derive(Clone, Debug)]
 pub struct Problem {
@@ -95,6 +123,7 @@ pub struct Problem {
     pub alibi: Option<Vec<f32>>,
     /// The bias converted to f32 (a view when it already was), and its strides.
     pub bias: Option<(Tensor, BiasLayout)>,
+    pub rel_bias: Option<RelBias>,
     /// Bitwise-reproducible GPU gradients asked for.
     pub deterministic: bool,
 }
@@ -213,6 +242,13 @@ impl Problem {
                 Some(bias_layout(t, [batch, heads_q, max_nq, max_nk])?)
             }
         };
+        let rel_bias = match &params.rel_bias {
+            None => None,
+            Some(t) => {
+                expect_device(t, "rel_bias", device)?;
+                Some(rel_bias_table(t, heads_q)?)
+            }
+        };
 
         Ok(Problem {
             dtype,
@@ -235,6 +271,7 @@ impl Problem {
             window: params.window,
             alibi,
             bias,
+            rel_bias,
             deterministic: params.deterministic,
         })
     }
@@ -255,10 +292,13 @@ impl Problem {
         Mask::new(self.window, self.seqs[b].nq, self.seqs[b].nk)
     }
 
-    /// True when the scores take a per-element step (softcap, ALiBi, bias) before the mask and
+    /// True when the scores take a per-element step (softcap, ALiBi, a bias) before the mask and
     /// the softmax, so the kernels change to base 2 after it rather than on Q.
     pub fn has_score_mods(&self) -> bool {
-        self.softcap.is_some() || self.alibi.is_some() || self.bias.is_some()
+        self.softcap.is_some()
+            || self.alibi.is_some()
+            || self.bias.is_some()
+            || self.rel_bias.is_some()
     }
 
     /// The ALiBi slope of (batch `b`, query head `h`), 0 without ALiBi.
@@ -440,6 +480,31 @@ fn bias_layout(t: &Tensor, full: [usize; 4]) -> Result<(Tensor, BiasLayout)> {
         strides,
     };
     Ok((t, layout))
+}
+
+fn rel_bias_table(t: &Tensor, heads: usize) -> Result<RelBias> {
+    if t.dtype() != DType::F32 {
+        return Err(Error::DType {
+            arg: "rel_bias",
+            expected: "f32".into(),
+            got: t.dtype(),
+        });
+    }
+    match t.shape() {
+        [h, w] if *h == heads && w % 2 == 1 && *w <= i32::MAX as usize => Ok(RelBias {
+            table: if t.is_contiguous() {
+                t.clone()
+            } else {
+                t.contiguous()?
+            },
+            radius: w / 2,
+        }),
+        other => Err(Error::arg(
+            "rel_bias",
+            format!("shape [{heads}, 2L - 1] (query heads, an odd number of columns below 2^31)"),
+            format!("{other:?}"),
+        )),
+    }
 }
 
 /// Validates a backward call (flashattn's and the standard attention's): the forward's problem,

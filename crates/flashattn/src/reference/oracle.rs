@@ -3,7 +3,7 @@
 //!
 //! Outputs are row-major in logical order: `out` and the gradients of q/k/v as
 //! `[rows, heads, dim]` (rows = `batch · seqlen` when padded, packed rows with varlen), `lse` in
-//! the shape of [`Problem::lse_shape`], `dbias` in the bias' shape.
+//! the shape of [`Problem::lse_shape`], `dbias` in the bias' shape, `drel_bias` in the table's.
 
 use crate::error::Result;
 use crate::params::AttentionParams;
@@ -30,6 +30,8 @@ pub struct OracleGradients {
     pub dv: Vec<f64>,
     /// In the bias' shape (summed over its broadcast dimensions).
     pub dbias: Option<Vec<f64>>,
+    /// `[heads, 2L − 1]`: each entry sums dS over the pairs that read it.
+    pub drel_bias: Option<Vec<f64>>,
 }
 
 struct Inputs {
@@ -39,6 +41,8 @@ struct Inputs {
     v: Vec<f64>,
     bias: Option<Vec<f64>>,
     bias_shape: [usize; 4],
+    /// The relative-position table, row-major `[heads, 2L − 1]`.
+    rel: Option<Vec<f64>>,
 }
 
 impl Inputs {
@@ -57,6 +61,11 @@ impl Inputs {
             v: v.to_f64_vec()?,
             bias,
             bias_shape,
+            rel: params
+                .rel_bias
+                .as_ref()
+                .map(|t| t.to_f64_vec())
+                .transpose()?,
             p,
         })
     }
@@ -65,6 +74,13 @@ impl Inputs {
         let s = self.bias_shape;
         let pick = |x: usize, n: usize| if n == 1 { 0 } else { x };
         ((pick(b, s[0]) * s[1] + pick(h, s[1])) * s[2] + pick(i, s[2])) * s[3] + pick(j, s[3])
+    }
+
+    /// The table entry that query `i` and key `j` (`rel = j − (i + nk − nq)`) of head `h` read.
+    fn rel_index(&self, h: usize, rel: i64) -> Option<usize> {
+        let width = self.rel.as_ref()?.len() / self.p.heads_q;
+        let r = (width / 2) as i64;
+        Some(h * width + (rel.clamp(-r, r) + r) as usize)
     }
 
     /// Scores of one (sequence, head) after every step but the softmax, and the softcap's
@@ -93,6 +109,9 @@ impl Inputs {
                 x -= p.slope(b, h) as f64 * (rel as f64).abs();
                 if let Some(bias) = &self.bias {
                     x += bias[self.bias_index(b, h, i, j)];
+                }
+                if let (Some(t), Some(at)) = (&self.rel, self.rel_index(h, rel)) {
+                    x += t[at];
                 }
                 if !hidden {
                     s[i * nk + j] = x;
@@ -221,6 +240,7 @@ fn gradients(
     let mut dk = vec![0.0; rows_k * p.heads_kv * d];
     let mut dvv = vec![0.0; rows_k * p.heads_kv * dv];
     let mut dbias = x.bias.as_ref().map(|b| vec![0.0; b.len()]);
+    let mut drel = x.rel.as_ref().map(|t| vec![0.0; t.len()]);
     let scale = p.scale as f64;
     for b in 0..p.batch {
         let (nq, nk) = (p.seqs[b].nq, p.seqs[b].nk);
@@ -264,6 +284,10 @@ fn gradients(
                     if let Some(db) = dbias.as_mut() {
                         db[x.bias_index(b, h, i, j)] += ds;
                     }
+                    if let Some(dr) = drel.as_mut() {
+                        let rel = j as i64 - (i as i64 + nk as i64 - nq as i64);
+                        dr[x.rel_index(h, rel).expect("a table")] += ds;
+                    }
                     let ds_raw = a(ds * dcap[i * nk + j] * scale);
                     for c in 0..d {
                         dq[qrow + c] += ds_raw * a(x.k[krow + c]);
@@ -278,5 +302,6 @@ fn gradients(
         dk,
         dv: dvv,
         dbias,
+        drel_bias: drel,
     })
 }

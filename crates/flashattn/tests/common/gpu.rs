@@ -18,6 +18,7 @@ pub fn to_device(x: &Inputs, device: Device) -> Inputs {
     let up = |t: &Tensor| t.to_device(device).expect("upload");
     let mut p = x.p.clone();
     p.bias = p.bias.as_ref().map(up);
+    p.rel_bias = p.rel_bias.as_ref().map(up);
     p.alibi_slopes = p.alibi_slopes.as_ref().map(up);
     Inputs {
         q: up(&x.q),
@@ -144,6 +145,7 @@ pub fn gpu_backward_errors(case: &Case, x: &Inputs) -> Vec<GradientError> {
     let on_gpu = [&grads.dq, &grads.dk, &grads.dv]
         .into_iter()
         .chain(grads.dbias.as_ref())
+        .chain(grads.drel_bias.as_ref())
         .all(|t| t.device() == GPU);
     assert!(on_gpu, "a gradient is not on the GPU");
     let out = f.out.to_device(Device::Cpu).expect("download out");

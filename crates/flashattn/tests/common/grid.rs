@@ -22,6 +22,7 @@ pub fn all() -> Vec<(&'static str, u64, Vec<Case>)> {
         ("options_combined", 60_000, options_combined()),
         ("dtypes_and_layouts", 70_000, dtypes_and_layouts()),
         ("varlen", 80_000, varlen()),
+        ("rel_bias", 90_000, rel_bias()),
     ]
 }
 
@@ -248,4 +249,54 @@ pub fn varlen() -> Vec<Case> {
             .alibi(Alibi::PerHead),
     );
     cases
+}
+
+/// The relative-position table (`L` from 1 to past the sequence lengths) alone and with every
+/// other option: unequal lengths both ways, causal and windows, GQA, a decoding step, packed
+/// variable lengths, both layouts. Small sizes: forward and backward use it on the CPU and GPU.
+pub fn rel_bias() -> Vec<Case> {
+    vec![
+        Case::new(1, 1, 8).rel_bias(1),
+        Case::new(7, 63, 16).rel_bias(4).causal(),
+        Case::new(63, 7, 32).rel_bias(9).dtype(DType::BF16),
+        Case::new(65, 113, 32)
+            .heads(4, 2)
+            .window(Some(8), Some(3))
+            .rel_bias(17)
+            .dtype(DType::F16),
+        Case::new(113, 65, 64)
+            .batch(2)
+            .heads(6, 2)
+            .causal()
+            .softcap(5.0)
+            .alibi(Alibi::PerBatchHead)
+            .bias([false, true, true, true])
+            .rel_bias(300),
+        Case::new(1, 203, 64)
+            .batch(2)
+            .heads(8, 2)
+            .alibi(Alibi::PerHead)
+            .rel_bias(50)
+            .dtype(DType::BF16),
+        Case::new(64, 64, 80)
+            .heads(2, 1)
+            .rel_bias(64)
+            .softcap(2.0)
+            .layout(Layout::Bhnd),
+        Case::new(0, 0, 32)
+            .varlen(&[(5, 9), (0, 4), (17, 0), (33, 33), (1, 20)])
+            .heads(4, 2)
+            .causal()
+            .softcap(3.0)
+            .bias([true, false, true, true])
+            .rel_bias(6)
+            .dtype(DType::F16),
+        Case::new(0, 0, 64)
+            .varlen(&[(40, 90), (90, 40)])
+            .heads(3, 1)
+            .window(Some(20), Some(5))
+            .alibi(Alibi::PerBatchHead)
+            .rel_bias(33)
+            .layout(Layout::Bhnd),
+    ]
 }

@@ -209,6 +209,9 @@ pub fn grads(g: &Gradients) -> Vec<(&'static str, Vec<f64>)> {
     if let Some(b) = &g.dbias {
         v.push(("dbias", b.to_f64_vec().unwrap()));
     }
+    if let Some(r) = &g.drel_bias {
+        v.push(("drel_bias", r.to_f64_vec().unwrap()));
+    }
     v
 }
 
@@ -225,7 +228,7 @@ pub fn diff(a: &[f64], b: &[f64], denom: f64) -> f64 {
 /// The error of one gradient against the oracle.
 #[derive(Clone, Copy, Debug)]
 pub struct GradientError {
-    /// `dq`, `dk`, `dv` or `dbias`.
+    /// `dq`, `dk`, `dv`, `dbias` or `drel_bias`.
     pub name: &'static str,
     /// flashattn's ‖got − oracle‖ / scale, against the oracle's gradient of the
     /// FlashAttention-2 formulation for the output flashattn's forward returned
@@ -309,17 +312,22 @@ pub fn gradient_errors(
     let listed = |g: flashattn::reference::oracle::OracleGradients| {
         let mut v = vec![g.dq, g.dk, g.dv];
         v.extend(g.dbias);
+        v.extend(g.drel_bias);
         v
     };
     let (exact, flash_ref, magnitudes) = (listed(og), listed(given_out), listed(om));
     assert_eq!(
         grads(g).len(),
         exact.len(),
-        "a bias gradient exactly with a bias"
+        "a bias gradient exactly with each bias"
     );
     if let (Some(db), Some(bias)) = (&g.dbias, &x.p.bias) {
         assert_eq!(db.shape(), bias.shape(), "dbias shape");
         assert_eq!(db.dtype(), DType::F32, "dbias dtype");
+    }
+    if let (Some(dr), Some(table)) = (&g.drel_bias, &x.p.rel_bias) {
+        assert_eq!(dr.shape(), table.shape(), "drel_bias shape");
+        assert_eq!(dr.dtype(), DType::F32, "drel_bias dtype");
     }
     grads(g)
         .into_iter()
@@ -334,7 +342,7 @@ pub fn gradient_errors(
                 let scale = norm(terms);
                 let standard = diff(&std_got, exact, scale);
                 // The bias gradient is f32 whatever the inputs' dtype.
-                let dtype = if name == "dbias" {
+                let dtype = if name == "dbias" || name == "drel_bias" {
                     DType::F32
                 } else {
                     case.dtype

@@ -84,6 +84,8 @@ pub struct Case {
     pub softcap: Option<f32>,
     /// Which bias dimensions are full (the others are broadcast, size 1); `None`: no bias.
     pub bias: Option<[bool; 4]>,
+    /// `L` of a relative-position table `[heads, 2L − 1]`; `None`: no table.
+    pub rel_bias: Option<usize>,
     /// Per-sequence (query, key) lengths of a packed batch; `None`: padded `[batch, n, h, d]`.
     pub varlen: Option<Vec<(usize, usize)>>,
     pub scale: Option<f32>,
@@ -106,6 +108,7 @@ impl Case {
             alibi: Alibi::None,
             softcap: None,
             bias: None,
+            rel_bias: None,
             varlen: None,
             scale: None,
         }
@@ -150,6 +153,10 @@ impl Case {
     }
     pub fn bias(mut self, full: [bool; 4]) -> Self {
         self.bias = Some(full);
+        self
+    }
+    pub fn rel_bias(mut self, l: usize) -> Self {
+        self.rel_bias = Some(l);
         self
     }
     pub fn varlen(mut self, lens: &[(usize, usize)]) -> Self {
@@ -211,6 +218,11 @@ impl Case {
             let b = Tensor::from_vec(values(rng, n, 1.0), &shape).unwrap();
             p.bias = Some(b.to_dtype(self.dtype).unwrap());
         }
+        if let Some(l) = self.rel_bias {
+            let shape = [self.heads, 2 * l - 1];
+            let table = values(rng, shape.iter().product(), 1.0);
+            p.rel_bias = Some(Tensor::from_vec(table, &shape).unwrap());
+        }
         if let Some(lens) = &self.varlen {
             let cu = |f: fn(&(usize, usize)) -> usize| {
                 let mut c = vec![0i32];
@@ -262,6 +274,9 @@ pub fn describe(c: &Case) -> String {
     if let Some(b) = c.bias {
         s += &format!(" bias {b:?}");
     }
+    if let Some(l) = c.rel_bias {
+        s += &format!(" rel_bias L={l}");
+    }
     if let Some(sc) = c.scale {
         s += &format!(" scale {sc}");
     }
@@ -295,8 +310,8 @@ pub fn bits(t: &Tensor) -> Vec<u32> {
 }
 
 /// Cases of `forward_into` and `backward_into` tests: GQA with causal, bf16 `[B, H, N, D]` with a
-/// window, ALiBi and a full bias, f16 packed variable lengths (empty sequences too) with softcap
-/// and a broadcast bias.
+/// window, ALiBi and a full bias, f16 packed variable lengths (empty sequences too) with softcap,
+/// a broadcast bias and a relative-position table.
 pub fn output_cases() -> Vec<Case> {
     vec![
         Case::new(203, 113, 64).batch(2).heads(4, 2).causal(),
@@ -312,6 +327,7 @@ pub fn output_cases() -> Vec<Case> {
             .dtype(DType::F16)
             .softcap(20.0)
             .bias([false, true, false, true])
+            .rel_bias(5)
             .varlen(&[(5, 9), (0, 4), (17, 0), (33, 33)]),
     ]
 }

@@ -33,6 +33,7 @@ use std::ops::Range;
 use crate::cpu::CpuElement;
 use crate::cpu::SharedOut;
 use crate::cpu::backward::bias_grad::{BiasGrad, TileFold};
+use crate::cpu::backward::rel_bias_grad::RelFold;
 use crate::cpu::backward::{Inputs, Layouts};
 use crate::cpu::line_buf::LineBuf;
 use crate::cpu::prefetch::RowsAhead;
@@ -93,6 +94,8 @@ pub(crate) struct Scratch {
     /// Softcap derivative per score.
     dcap: LineBuf,
     fold: TileFold,
+    /// The task's sums of the relative-position table's gradient.
+    pub(crate) rel: RelFold,
 }
 
 impl Scratch {
@@ -102,7 +105,7 @@ impl Scratch {
             &self.kt, &self.vt, &self.v, &self.k, &self.dk, &self.dv, &self.q, &self.dout,
             &self.dq, &self.s, &self.ds, &self.dcap,
         ];
-        tiles.iter().map(|b| b.bytes()).sum::<usize>() + self.fold.bytes()
+        tiles.iter().map(|b| b.bytes()).sum::<usize>() + self.fold.bytes() + self.rel.bytes()
     }
 }
 
@@ -290,7 +293,7 @@ impl<T: CpuElement> BlockCtx<'_, T> {
         sc.s.resize(self.block_q * nc16, 0.0);
         sc.ds.resize(self.block_q * nc16, 0.0);
         for h in self.heads.clone() {
-            let mods = ScoreMods::new(p, self.x.bias, b, h);
+            let mods = ScoreMods::new(p, self.x.biases, b, h);
             let mut i0 = rows.start;
             while i0 < rows.end {
                 let tile = i0..(i0 + self.block_q).min(rows.end);
@@ -463,6 +466,7 @@ impl<T: CpuElement> BlockCtx<'_, T> {
             ds,
             dcap,
             fold,
+            rel,
             ..
         } = sc;
         let q = self.packed_rows(q_buf, h, rows.clone(), d);
@@ -519,6 +523,11 @@ impl<T: CpuElement> BlockCtx<'_, T> {
         grad_product(dp_rows, dout, vt, (nr, dv, nc16), s, delta);
         if let Some(db) = dbias {
             db.add_tile(fold, (ds, ld), b, h, rows.clone(), keys.clone());
+        }
+        if p.rel_bias.is_some() {
+            let diag = p.seqs[b].nk as i64 - p.seqs[b].nq as i64;
+            let tile = (rows.clone(), keys.clone());
+            rel.add_tile(h - self.heads.start, (ds, ld), tile, diag);
         }
         if mods.has_softcap() {
             for r in 0..nr {

@@ -26,6 +26,7 @@
 
 mod bias_grad;
 mod block;
+mod rel_bias_grad;
 mod split;
 
 use std::cell::RefCell;
@@ -37,8 +38,10 @@ use super::{SharedOut, call_number, with_thread_scratch};
 use crate::cpu::CpuElement;
 use crate::cpu::backward::bias_grad::BiasGrad;
 use crate::cpu::backward::block::{BlockCtx, Scratch, Sinks, padded};
+use crate::cpu::backward::rel_bias_grad::RelGrad;
 use crate::cpu::backward::split::{Split, chunk_blocks, key_part_len, sequence_costs};
 use crate::cpu::line_buf::LineBuf;
+use crate::cpu::score_mods::Biases;
 use crate::cpu::simd::elementwise::dot;
 use crate::problem::{Problem, RowLayout, Seq};
 
@@ -46,7 +49,7 @@ pub(crate) struct Inputs<'a, T> {
     pub q: &'a [T],
     pub k: &'a [T],
     pub v: &'a [T],
-    pub bias: Option<&'a [f32]>,
+    pub biases: Biases<'a>,
     pub out: &'a [T],
     pub lse: &'a [f32],
     pub dout: &'a [T],
@@ -63,6 +66,8 @@ pub(crate) struct Outputs<'a, T> {
     pub dk: SharedOut<'a, T>,
     pub dv: SharedOut<'a, T>,
     pub dbias: Option<&'a mut [f32]>,
+    /// The relative-position table's gradient (zeroed), `[heads, 2L − 1]`.
+    pub drel_bias: Option<&'a mut [f32]>,
 }
 
 /// How the backward cuts the work.
@@ -147,6 +152,10 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
             dbias: dbias.as_ref(),
         })
         .collect();
+    let drel = p
+        .rel_bias
+        .as_ref()
+        .map(|r| RelGrad::new(p, r.width(), chunks));
     let score_mods = p.has_score_mods();
     let alpha = if score_mods {
         p.scale
@@ -208,9 +217,15 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
         };
         let blocks = chunk_blocks(task.chunk, chunks, nk.div_ceil(tiles.block_k));
         let keys = blocks.map(|j| j * tiles.block_k..((j + 1) * tiles.block_k).min(nk));
+        if let Some(r) = &p.rel_bias {
+            scratch.rel.start(task.heads.len(), r.width());
+        }
         match runs {
             1 => keys.for_each(|keys| ctx.key_block(scratch, keys, dq, &sinks)),
             _ => keys.for_each(|keys| ctx.key_block(scratch, keys, dq, &run_sinks[task.run])),
+        }
+        if let Some(g) = &drel {
+            g.store(&scratch.rel, task.b, task.chunk, task.heads.clone());
         }
         if direct {
             for h in task.heads.clone() {
@@ -231,6 +246,9 @@ pub(crate) fn run<T: CpuElement>(p: &Problem, x: Inputs<'_, T>, l: &Layouts, o: 
         Split::KeyChunks(_) => sum_partials(p, &partials, chunks, factor, &o.dq),
         Split::Heads(_) => sum_key_partials(p, &key_parts, runs, [&o.dk, &o.dv]),
         Split::Whole => {}
+    }
+    if let (Some(g), Some(out)) = (drel, o.drel_bias) {
+        g.finish(out);
     }
 }
 

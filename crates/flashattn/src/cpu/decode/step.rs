@@ -14,7 +14,7 @@ use crate::cpu::forward::key_rows::{KeyRows, KeySource, PackedKeys};
 use crate::cpu::line_buf::LineBuf;
 use crate::cpu::online_softmax::PanelSoftmax;
 use crate::cpu::prefetch::RowsAhead;
-use crate::cpu::score_mods::sub_alibi;
+use crate::cpu::score_mods::{Biases, add_rel_run, sub_alibi};
 use crate::cpu::simd::exp::{LANES, exp2_shifted_sum};
 use crate::cpu::simd::lanes::lane_max;
 use crate::cpu::simd::softcap::softcap;
@@ -140,7 +140,7 @@ impl<T: CpuElement> Step<'_, T> {
                         b: self.b,
                         heads,
                         keys: block.clone(),
-                        bias: self.x.bias,
+                        biases: self.x.biases,
                     };
                     group.block(p, &at, rows, &ahead);
                 }
@@ -269,7 +269,7 @@ struct Place<'a> {
     b: usize,
     heads: Range<usize>,
     keys: Range<usize>,
-    bias: Option<&'a [f32]>,
+    biases: Biases<'a>,
 }
 
 /// Softcap, ALiBi and bias on the scores of head `h` for the keys of `at` (`row`), then the
@@ -285,12 +285,18 @@ fn mods(p: &Problem, at: &Place<'_>, h: usize, row: &mut [f32]) {
         let diag = seq.nk as i64 - seq.nq as i64;
         sub_alibi(row, slope, diag - at.keys.start as i64, -1);
     }
-    if let (Some(data), Some((_, layout))) = (at.bias, &p.bias) {
+    if let (Some(data), Some((_, layout))) = (at.biases.bias, &p.bias) {
         let first = p.bias_row_at(layout, at.b, h, 0);
         let step = layout.strides[3];
         for (x, j) in row.iter_mut().zip(at.keys.clone()) {
             *x += data[first + j * step];
         }
+    }
+    if let (Some(data), Some(r)) = (at.biases.rel, &p.rel_bias) {
+        let seq = &p.seqs[at.b];
+        let diag = seq.nk as i64 - seq.nq as i64;
+        let table = &data[r.row_at(h)..r.row_at(h) + r.width()];
+        add_rel_run(row, table, at.keys.start as i64 - diag);
     }
     row.iter_mut().for_each(|x| *x *= std::f32::consts::LOG2_E);
 }

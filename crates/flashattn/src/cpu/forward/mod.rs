@@ -9,7 +9,7 @@
 //!
 //! ```text
 //! Sᵀ  = K · Qᵀ            keys × 16 (×2)  microkernel, K rows read in place
-//!       (softcap, ALiBi, bias; mask)      only where needed
+//!       (softcap, ALiBi, biases; mask)    only where needed
 //! m   = online softmax     per lane        rescales Oᵀ when a maximum moves
 //! Oᵀ += Vᵀ · Pᵀ            dv × 16 (×2)    microkernel, V rows read in place, computing
 //!                                          Pᵀ = 2^(Sᵀ − m) on the way (softmax_product)
@@ -45,7 +45,7 @@ use crate::cpu::planning::query_blocks::{block_cost, query_blocks};
 use crate::cpu::planning::schedule::for_each_in_runs;
 use crate::cpu::planning::tile_config::{ForwardTiles, MAX_BLOCK_Q, forward_tiles, l2_bytes};
 use crate::cpu::profile::{Section, TaskClock};
-use crate::cpu::score_mods::{ScoreMods, apply_mask, apply_score_mods};
+use crate::cpu::score_mods::{Biases, ScoreMods, apply_mask, apply_score_mods};
 use crate::cpu::simd::exp::LANES;
 use crate::cpu::simd::lanes::lane_max;
 use crate::cpu::simd::microkernel::{
@@ -59,7 +59,7 @@ pub(crate) struct Inputs<'a, T> {
     pub q: &'a [T],
     pub k: &'a [T],
     pub v: &'a [T],
-    pub bias: Option<&'a [f32]>,
+    pub biases: Biases<'a>,
 }
 
 /// Per-thread tile buffers, reused across tasks and calls.
@@ -167,7 +167,7 @@ pub(crate) fn run<T: CpuElement>(
             hk: p.kv_head(task.h),
             rows: task.rows.clone(),
             mask: p.mask(task.b),
-            mods: ScoreMods::new(p, x.bias, task.b, task.h),
+            mods: ScoreMods::new(p, x.biases, task.b, task.h),
             call,
         };
         with_thread_scratch(&SCRATCH, |scratch| ctx.run(scratch, &out, &lse));

@@ -36,7 +36,7 @@ use crate::error::{Error, Result};
 use crate::outputs::Gradients;
 use crate::problem::{Problem, row_layout, strides_like};
 use crate::tensor::{Tensor, contiguous_strides};
-use params::{BiasParts, BwdLayouts, BwdParams, BwdPointers, accum_len, bias_parts};
+use params::{BiasParts, BwdLayouts, BwdParams, BwdPointers, accum_len, bias_parts, rel_parts_len};
 use tiles::{WGMMA_BWD_KEYS, WGMMA_BWD_ROWS, general_bwd_tile};
 pub use variants::kernel_sources;
 use variants::{BwdKernel, ROW_THREADS, Variant, choose, kernel_source, options_of};
@@ -107,8 +107,14 @@ fn output_like(g: &Arc<Gpu>, dtype: DType, like: &Tensor) -> Result<Tensor> {
     Tensor::from_cuda_storage(store, shape, &strides_like(like, shape), 0)
 }
 
+/// A contiguous f32 tensor of `shape` on `g` (a bias gradient), not filled.
+fn f32_output(g: &Arc<Gpu>, shape: &[usize]) -> Result<Tensor> {
+    let store = CudaStorage::alloc_output(g, DType::F32, shape.iter().product())?;
+    Tensor::from_cuda_storage(store, shape, &contiguous_strides(shape), 0)
+}
+
 /// The backward into gradients it allocates on the problem's GPU, in the memory order of q, k, v
-/// (dbias f32, contiguous, in the bias' shape).
+/// (dbias and drel_bias f32, contiguous, in their biases' shapes).
 pub(crate) fn backward(p: &Problem, x: BackwardInputs<'_>) -> Result<Gradients> {
     let [q, k, v, ..] = x;
     let g = gpu_for(p, k)?;
@@ -116,19 +122,16 @@ pub(crate) fn backward(p: &Problem, x: BackwardInputs<'_>) -> Result<Gradients> 
         dq: output_like(&g, p.dtype, q)?,
         dk: output_like(&g, p.dtype, k)?,
         dv: output_like(&g, p.dtype, v)?,
-        dbias: match &p.bias {
-            Some((b, _)) => {
-                let shape = b.shape();
-                let store = CudaStorage::alloc_output(&g, DType::F32, shape.iter().product())?;
-                Some(Tensor::from_cuda_storage(
-                    store,
-                    shape,
-                    &contiguous_strides(shape),
-                    0,
-                )?)
-            }
-            None => None,
-        },
+        dbias: p
+            .bias
+            .as_ref()
+            .map(|(b, _)| f32_output(&g, b.shape()))
+            .transpose()?,
+        drel_bias: p
+            .rel_bias
+            .as_ref()
+            .map(|r| f32_output(&g, r.table.shape()))
+            .transpose()?,
     };
     queue(&g, p, x, &mut grads)?;
     Ok(grads)
@@ -149,16 +152,21 @@ pub(crate) fn backward_into(
 /// they read it.
 fn scratch(g: &Gpu, n: usize) -> Result<CudaSlice<f32>> {
     // SAFETY: D is written by `flash_bwd_pre` for every query row before the key-block kernel
-    // reads it, and the dQ accumulator is zeroed by it; nothing reads either before.
+    // reads it, and the dQ accumulator and the partial table gradients are zeroed by it; nothing
+    // reads any of them before.
     unsafe { g.stream.alloc::<f32>(n.max(1)) }.map_err(Gpu::err("allocating backward scratch"))
 }
 
 /// A launch: the kernel and its grid.
 type Step = (BwdKernel, (u32, u32, u32));
 
-/// The launches of `p`'s backward with `main` as the key-block kernel, and the f32 partial bias
-/// gradients the deterministic dQ pass needs.
-fn plan(p: &Problem, main: BwdKernel, max_shared: usize) -> Result<(Vec<Step>, Option<BiasParts>)> {
+/// The launches of `p`'s backward with `main` as the key-block kernel, the f32 partial bias
+/// gradients the deterministic dQ pass needs, and its query blocks (0 when not deterministic).
+fn plan(
+    p: &Problem,
+    main: BwdKernel,
+    max_shared: usize,
+) -> Result<(Vec<Step>, Option<BiasParts>, usize)> {
     let rows = grid_of(p, ROW_THREADS / 32)?;
     let (block_keys, _, _) = main.shape();
     let keys = (
@@ -172,7 +180,7 @@ fn plan(p: &Problem, main: BwdKernel, max_shared: usize) -> Result<(Vec<Step>, O
     ];
     if !p.deterministic {
         steps.push((BwdKernel::Post, rows));
-        return Ok((steps, None));
+        return Ok((steps, None, 0));
     }
     let tile = general_bwd_tile(p.head_dim, p.head_dim_v, max_shared);
     let blocks = p.max_nq.div_ceil(tile.rows);
@@ -197,7 +205,10 @@ fn plan(p: &Problem, main: BwdKernel, max_shared: usize) -> Result<(Vec<Step>, O
     if parts.is_some() {
         steps.push((BwdKernel::DbiasSum, (rows.0.max(1), rows.1, rows.2)));
     }
-    Ok((steps, parts))
+    if p.rel_bias.is_some() {
+        steps.push((BwdKernel::DrelSum, (rows.0.max(1), rows.1, rows.2)));
+    }
+    Ok((steps, parts, blocks))
 }
 
 /// Queues the kernels that write every element of `grads`.
@@ -230,6 +241,12 @@ fn queue(g: &Arc<Gpu>, p: &Problem, x: BackwardInputs<'_>, grads: &mut Gradients
             .map(|t| device_ptr_of(t, "dbias"))
             .transpose()?
             .unwrap_or(0),
+        drel_bias: grads
+            .drel_bias
+            .as_ref()
+            .map(|t| device_ptr_of(t, "drel_bias"))
+            .transpose()?
+            .unwrap_or(0),
         ..BwdPointers::default()
     };
     let layouts = BwdLayouts {
@@ -260,7 +277,7 @@ fn queue(g: &Arc<Gpu>, p: &Problem, x: BackwardInputs<'_>, grads: &mut Gradients
         }
         _ => None,
     };
-    let (steps, parts) = plan(p, main, max_shared)?;
+    let (steps, parts, dq_blocks) = plan(p, main, max_shared)?;
 
     let extras = Extras::upload(g, p, &mut ptr)?;
     let delta = scratch(g, lse.numel())?;
@@ -270,10 +287,13 @@ fn queue(g: &Arc<Gpu>, p: &Problem, x: BackwardInputs<'_>, grads: &mut Gradients
         (true, parts) => parts.map_or(0, |b| b.len),
     };
     let accum = scratch(g, accum_elems)?;
+    let rel_part = scratch(g, rel_parts_len(p, dq_blocks))?;
     bptr.delta = delta.device_ptr(&g.stream).0;
     bptr.dq_accum = accum.device_ptr(&g.stream).0;
+    bptr.drel_part = rel_part.device_ptr(&g.stream).0;
     let f = FlashParams::new(p, ptr, &row_layout(out));
-    let params = BwdParams::new(p, (f, bptr), &layouts, accum_elems, parts);
+    let sizes = (accum_elems, parts);
+    let params = BwdParams::new(p, (f, bptr), &layouts, sizes, dq_blocks);
 
     let opts = options_of(p);
     for (kernel, grid) in steps {
@@ -315,12 +335,12 @@ fn queue(g: &Arc<Gpu>, p: &Problem, x: BackwardInputs<'_>, grads: &mut Gradients
             }
         }
         // SAFETY: every address in `params` points into a live device allocation of this GPU: q,
-        // k, v, out, dout and the bias are validated views whose elements lie inside their
-        // buffers; lse is a contiguous view of the validated shape; dq, dk, dv and dbias are
-        // device views of exactly the shapes the kernels write, in buffers of their own (allocated
-        // here or validated by `expect_writable`); alibi, cu_seqlens, D and the dQ accumulator
-        // (or partial bias gradients) are allocated above with the lengths `params` gives and
-        // outlive the launches on this stream. The kernels touch only the elements the validated
+        // k, v, out, dout and the biases are validated views whose elements lie inside their
+        // buffers; lse is a contiguous view of the validated shape; dq, dk, dv, dbias and
+        // drel_bias are device views of exactly the shapes the kernels write, in buffers of their
+        // own (allocated here or validated by `expect_writable`); alibi, cu_seqlens, D, the dQ
+        // accumulator (or partial bias gradients) and the partial table gradients are allocated
+        // above with the lengths `params` gives and outlive the launches on this stream. The kernels touch only the elements the validated
         // sizes and strides describe, and `shared` bytes were allowed when the kernel was loaded.
         // The Hopper kernel's tensor maps (after `params`: q, k, v, dout) describe only elements
         // of those same validated views (see `forward::queue`); TMA zero-fills outside them.
@@ -329,6 +349,6 @@ fn queue(g: &Arc<Gpu>, p: &Problem, x: BackwardInputs<'_>, grads: &mut Gradients
             LAST_VARIANT.set(Some(variant));
         }
     }
-    drop((extras, delta, accum, lse));
+    drop((extras, delta, accum, rel_part, lse));
     Ok(())
 }

@@ -31,6 +31,11 @@ pub(crate) struct BwdParams {
     pub part_blocks: i64,
     pub dbias_heads: i64,
     pub dbias_cols: i64,
+    pub drel_bias: u64,
+    pub drel_part: u64,
+    pub drel_len: i64,
+    pub drel_part_len: i64,
+    pub drel_blocks: i64,
 }
 
 // SAFETY: `BwdParams` is `#[repr(C)]`, `Copy`, holds only integers and floats (device addresses as
@@ -48,6 +53,8 @@ pub(crate) struct BwdPointers {
     pub dbias: u64,
     pub delta: u64,
     pub dq_accum: u64,
+    pub drel_bias: u64,
+    pub drel_part: u64,
 }
 
 /// The row layouts of dout and of the three gradients.
@@ -77,6 +84,14 @@ fn broadcast_strides(shape: &[usize]) -> [i64; 4] {
 /// Elements of the f32 dQ accumulator of `p`: one `head_dim` row per query row and head.
 pub(crate) fn accum_len(p: &Problem) -> usize {
     p.total_q * p.heads_q * p.head_dim
+}
+
+/// The deterministic dQ pass's partial gradients of `p`'s relative-position table over `blocks`
+/// query blocks: `[batch][heads_q][blocks][2L − 1]` elements (0 without a table or blocks).
+pub(crate) fn rel_parts_len(p: &Problem, blocks: usize) -> usize {
+    p.rel_bias
+        .as_ref()
+        .map_or(0, |r| p.batch * p.heads_q * blocks * r.width())
 }
 
 /// The deterministic dQ pass's partial bias gradients, for a bias broadcast over query rows:
@@ -114,13 +129,14 @@ pub(crate) fn bias_parts(p: &Problem, blocks: usize) -> Option<BiasParts> {
 impl BwdParams {
     /// The parameters of `p`'s backward: `f` the forward's (with `o` at the forward's output);
     /// `accum`: the elements of `dq_accum` (zeroed first); `parts`: the partial bias gradients of
-    /// [`bias_parts`], if any (`dq_accum` then holds them).
+    /// [`bias_parts`], if any (`dq_accum` then holds them); `rel_blocks`: the query blocks of
+    /// the deterministic dQ pass (0 otherwise), whose partial table gradients `drel_part` holds.
     pub(crate) fn new(
         p: &Problem,
         (f, ptr): (FlashParams, BwdPointers),
         l: &BwdLayouts,
-        accum: usize,
-        parts: Option<BiasParts>,
+        (accum, parts): (usize, Option<BiasParts>),
+        rel_blocks: usize,
     ) -> Self {
         let bias_shape = p.bias.as_ref().map(|(t, _)| t.shape().to_vec());
         let (dbias_strides, dbias_len) = match &bias_shape {
@@ -153,6 +169,11 @@ impl BwdParams {
             part_blocks: parts.map_or(0, |b| b.blocks as i64),
             dbias_heads: bias_shape.as_ref().map_or(1, |s| s[1] as i64),
             dbias_cols: bias_shape.as_ref().map_or(1, |s| s[3] as i64),
+            drel_bias: ptr.drel_bias,
+            drel_part: ptr.drel_part,
+            drel_len: p.rel_bias.as_ref().map_or(0, |r| r.table.numel() as i64),
+            drel_part_len: rel_parts_len(p, rel_blocks) as i64,
+            drel_blocks: rel_blocks as i64,
         }
     }
 }
@@ -169,11 +190,13 @@ mod tests {
             0,
             "BwdParams' 8-byte fields follow FlashParams unpadded"
         );
-        // 7 pointers, 16 strides, 3 sizes, 3 strides and 3 sizes after the forward's parameters.
+        // 7 pointers, 16 strides, 3 sizes, 3 strides and 3 sizes after the forward's parameters,
+        // then the table gradient's 2 pointers and 3 sizes.
         assert_eq!(
             std::mem::size_of::<BwdParams>(),
-            f + 8 * (7 + 16 + 3 + 3 + 3)
+            f + 8 * (7 + 16 + 3 + 3 + 3 + 5)
         );
+        assert_eq!(std::mem::offset_of!(BwdParams, drel_bias), f + 8 * 32);
         assert_eq!(std::mem::offset_of!(BwdParams, part_strides), f + 8 * 26);
         assert_eq!(std::mem::offset_of!(BwdParams, dbias_cols), f + 8 * 31);
         assert_eq!(std::mem::offset_of!(BwdParams, dout), f);

@@ -41,6 +41,8 @@ pub(crate) enum BwdKernel {
     Dq(GeneralBwdTile),
     /// The deterministic sum of a row-broadcast bias gradient's partials.
     DbiasSum,
+    /// The deterministic sum of the relative-position table gradient's partials.
+    DrelSum,
 }
 
 impl BwdKernel {
@@ -51,7 +53,9 @@ impl BwdKernel {
             BwdKernel::Dq(t) => (t.rows, GENERAL_BWD_THREADS, t.shared_bytes()),
             BwdKernel::Mma(t) => (t.keys(), 32 * MMA_BWD_WARPS, t.shared_bytes()),
             BwdKernel::Wgmma(t) => (WGMMA_BWD_KEYS, WGMMA_BWD_THREADS, t.shared_bytes()),
-            BwdKernel::Pre | BwdKernel::Post | BwdKernel::DbiasSum => (0, ROW_THREADS, 0),
+            BwdKernel::Pre | BwdKernel::Post | BwdKernel::DbiasSum | BwdKernel::DrelSum => {
+                (0, ROW_THREADS, 0)
+            }
         }
     }
 }
@@ -141,6 +145,11 @@ pub(crate) fn kernel_source(v: Variant) -> KernelSource {
             "flash_bwd_dbias_sum",
             &[BWD_ROWS],
         ),
+        BwdKernel::DrelSum => (
+            format!("bwd_drel_sum_{tname}"),
+            "flash_bwd_drel_sum",
+            &[BWD_ROWS],
+        ),
         BwdKernel::General(t) => {
             code += &general_defines(&t);
             let name = format!(
@@ -209,7 +218,12 @@ pub fn kernel_sources() -> Vec<KernelSource> {
                 deterministic,
             }))
         };
-        for kernel in [BwdKernel::Pre, BwdKernel::Post, BwdKernel::DbiasSum] {
+        for kernel in [
+            BwdKernel::Pre,
+            BwdKernel::Post,
+            BwdKernel::DbiasSum,
+            BwdKernel::DrelSum,
+        ] {
             push(kernel, Options::default(), false);
         }
         for d in [16, 80].into_iter().chain((32..=512).step_by(32)) {

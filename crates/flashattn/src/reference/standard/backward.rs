@@ -6,7 +6,7 @@ use rayon::prelude::*;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::outputs::Gradients;
-use crate::problem::Problem;
+use crate::problem::{Problem, RelBias};
 use crate::tensor::{Tensor, contiguous_strides};
 
 use super::score_matrix::{
@@ -29,7 +29,7 @@ pub(super) fn backward_typed<T: Element>(
     dout: &Tensor,
 ) -> Result<Gradients> {
     let (qd, kd, vd, dod) = (widen(q)?, widen(k)?, widen(v)?, widen(dout)?);
-    let bias = bias_data(p)?;
+    let biases = bias_data(p)?;
     let dout_layout = crate::problem::row_layout(dout);
     let g = p.group();
     let (d, dvd) = (p.head_dim, p.head_dim_v);
@@ -62,7 +62,7 @@ pub(super) fn backward_typed<T: Element>(
         for (gi, h) in (hk * g..(hk + 1) * g).enumerate() {
             let pm = &mut pm[gi * nq * nk..(gi + 1) * nq * nk];
             let ds = &mut dsm[gi * nq * nk..(gi + 1) * nq * nk];
-            scores::<T>(p, bias.as_deref(), b, h, x, pm, dcap.as_deref_mut());
+            scores::<T>(p, &biases, b, h, x, pm, dcap.as_deref_mut());
             softmax::<T>(pm, nq, nk);
             // dV += Pᵀ·dO
             MatMul {
@@ -135,6 +135,11 @@ pub(super) fn backward_typed<T: Element>(
         .as_ref()
         .map(|(t, _)| bias_gradient(p, t.shape(), &ds_buf))
         .transpose()?;
+    let drel_bias = p
+        .rel_bias
+        .as_ref()
+        .map(|r| rel_bias_gradient(p, r, &ds_buf))
+        .transpose()?;
     let (dq_l, dk_l, dv_l) = (
         layout_like(q, q.shape()),
         layout_like(k, k.shape()),
@@ -163,6 +168,7 @@ pub(super) fn backward_typed<T: Element>(
         dk: tensor_like::<T>(dk, k, k.shape())?,
         dv: tensor_like::<T>(dv, v, v.shape())?,
         dbias,
+        drel_bias,
     })
 }
 
@@ -186,4 +192,24 @@ fn bias_gradient(p: &Problem, shape: &[usize], ds: &[f32]) -> Result<Tensor> {
         }
     }
     Tensor::from_vec_strided(db, shape, &cs, 0)
+}
+
+/// The relative-position table's gradient (f32, `[heads, 2L − 1]`): `dS` summed over the pairs
+/// that read each entry.
+fn rel_bias_gradient(p: &Problem, rel: &RelBias, ds: &[f32]) -> Result<Tensor> {
+    let w = rel.width();
+    let mut dr = vec![0f32; p.heads_q * w];
+    let mut at = 0;
+    for s in &p.seqs {
+        let diag = s.nk as i64 - s.nq as i64;
+        for h in 0..p.heads_q {
+            for i in 0..s.nq {
+                for j in 0..s.nk {
+                    dr[h * w + rel.column(j as i64 - (i as i64 + diag))] += ds[at];
+                    at += 1;
+                }
+            }
+        }
+    }
+    Tensor::from_vec(dr, &[p.heads_q, w])
 }

@@ -188,7 +188,7 @@ fn forward_typed<T: Element>(
     v: &Tensor,
 ) -> Result<ForwardOutput> {
     let (qd, kd, vd) = (widen(q)?, widen(k)?, widen(v)?);
-    let bias = bias_data(p)?;
+    let biases = bias_data(p)?;
     let mut scores_buf = score_matrix::score_matrix(p)?;
     let tasks: Vec<(usize, usize, &mut [f32])> = (0..p.batch)
         .flat_map(|b| (0..p.heads_q).map(move |h| (b, h)))
@@ -202,7 +202,7 @@ fn forward_typed<T: Element>(
     let heads: Vec<HeadForward> = map_tasks(tasks, |(b, h, s)| {
         let (nq, nk, dv) = (p.seqs[b].nq, p.seqs[b].nk, p.head_dim_v);
         let x = &inputs[b];
-        score_matrix::scores::<T>(p, bias.as_deref(), b, h, x, s, None);
+        score_matrix::scores::<T>(p, &biases, b, h, x, s, None);
         let lse = softmax::<T>(s, nq, nk);
         let mut out = vec![0f32; nq * dv];
         MatMul {

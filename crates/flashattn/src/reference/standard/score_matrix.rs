@@ -182,7 +182,7 @@ pub(super) fn split_scores<'a>(
 /// `d cap·tanh(x/cap) / dx` per entry.
 pub(super) fn scores<T: Element>(
     p: &Problem,
-    bias: Option<&[f32]>,
+    biases: &Biases,
     b: usize,
     h: usize,
     x: &SeqInputs,
@@ -220,13 +220,23 @@ pub(super) fn scores<T: Element>(
         let bias_row = p
             .bias
             .as_ref()
-            .zip(bias)
+            .zip(biases.bias.as_deref())
             .map(|((_, l), data)| (data, p.bias_row_at(l, b, h, i), l.strides[3]));
-        if slope != 0.0 || bias_row.is_some() {
+        let rel_row = p
+            .rel_bias
+            .as_ref()
+            .zip(biases.rel.as_deref())
+            .map(|(r, t)| {
+                let w = r.width();
+                (r, &t[r.row_at(h)..r.row_at(h) + w])
+            });
+        if slope != 0.0 || bias_row.is_some() || rel_row.is_some() {
             for (j, x) in row.iter_mut().enumerate() {
-                let alibi = slope * (j as i64 - (i as i64 + diag)).abs() as f32;
+                let rel = j as i64 - (i as i64 + diag);
+                let alibi = slope * rel.abs() as f32;
                 let add = bias_row.map_or(0.0, |(data, r, sj)| data[r + j * sj]);
-                *x = round::<T>(*x - alibi + add);
+                let add_rel = rel_row.map_or(0.0, |(r, t)| t[r.column(rel)]);
+                *x = round::<T>(*x - alibi + add + add_rel);
             }
         }
         let keys = mask.key_range(i);
@@ -260,9 +270,19 @@ pub(super) fn softmax<T: Element>(s: &mut [f32], nq: usize, nk: usize) -> Vec<f3
         .collect()
 }
 
-/// The bias' f32 buffer when the problem has one.
-pub(super) fn bias_data(p: &Problem) -> Result<Option<Vec<f32>>> {
-    p.bias.as_ref().map(|(t, _)| widen(t)).transpose()
+/// The f32 elements of the problem's biases, in logical order.
+pub(super) struct Biases {
+    pub bias: Option<Vec<f32>>,
+    /// The relative-position table, `[heads, 2L − 1]`.
+    pub rel: Option<Vec<f32>>,
+}
+
+/// The biases of `p` widened to f32 (those it has).
+pub(super) fn bias_data(p: &Problem) -> Result<Biases> {
+    Ok(Biases {
+        bias: p.bias.as_ref().map(|(t, _)| widen(t)).transpose()?,
+        rel: p.rel_bias.as_ref().map(|r| widen(&r.table)).transpose()?,
+    })
 }
 
 /// A tensor over `data` (row-major in the memory order of `like`'s strides for `shape`).
