@@ -8,6 +8,7 @@
 //! (see [`compile`]).
 
 pub(crate) mod backward;
+pub(crate) mod blas;
 pub mod compile;
 pub(crate) mod device;
 mod disk_cache;
