@@ -20,12 +20,14 @@
 //! packed buffer; on the GPU cuBLAS takes the dtype itself, with f32 accumulation.
 
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 pub mod params;
 pub(crate) mod rope;
 mod shape;
 
 use crate::backend::BackwardInputs;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::outputs::ForwardOutput;
 use crate::problem::{Problem, backward_problem};
 use crate::tensor::{Device, Tensor};
@@ -105,7 +107,10 @@ trait LayerSteps: Sync {
 fn steps(device: Device) -> Result<&'static dyn LayerSteps> {
     match device {
         Device::Cpu => Ok(&cpu::CpuSteps),
-        Device::Cuda(_) => Err(Error::Unsupported {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => Ok(&cuda::CudaSteps),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => Err(crate::error::Error::Unsupported {
             device: "cuda",
             what: "this build has no CUDA backend (cargo feature `cuda`)".into(),
         }),
