@@ -3,7 +3,9 @@
 //! + `cu_seqlens_k` as for attention); outputs `y` and, with `dy`, `dx`, `dw_qkv`, `db_qkv`,
 //! `dw_o`, `db_o` (and `dbias` with a bias). The interface is fixed by issue 67.
 
-use flashattn::{LayerParams, LayerWeights, Rope, RopeStyle, Tensor, layer_backward, layer_forward};
+use flashattn::{
+    LayerParams, LayerWeights, Rope, RopeStyle, Tensor, layer_backward, layer_forward,
+};
 
 use super::args::{Layout, RopeArg, RunArgs};
 use super::run::{cu_seqlens, float_dtype, named, tensor_of, warn_non_finite};
@@ -63,11 +65,16 @@ fn params(a: &RunArgs, tensors: &[NamedTensor], x: &NamedTensor) -> CliResult<La
     let mut p = LayerParams::new(heads, l.heads_kv.unwrap_or(heads));
     p.rope = match l.rope {
         None => {
-            if let Some(opt) = [(l.rope_base.is_some(), "--rope-base"), (l.rope_dim.is_some(), "--rope-dim")]
-                .into_iter()
-                .find_map(|(given, name)| given.then_some(name))
+            if let Some(opt) = [
+                (l.rope_base.is_some(), "--rope-base"),
+                (l.rope_dim.is_some(), "--rope-dim"),
+            ]
+            .into_iter()
+            .find_map(|(given, name)| given.then_some(name))
             {
-                return Err(fail(format!("{opt} needs --rope half or --rope interleaved")));
+                return Err(fail(format!(
+                    "{opt} needs --rope half or --rope interleaved"
+                )));
             }
             None
         }
@@ -118,9 +125,8 @@ pub fn run(a: &RunArgs, tensors: &[NamedTensor], out_format: Format) -> CliResul
     let x_file = require(tensors, "x")?;
     let dtype = float_dtype(x_file)?;
     let mut p = params(a, tensors, x_file)?;
-    let floats = |name: &str| -> CliResult<Option<Tensor>> {
-        get(tensors, name).map(tensor_of).transpose()
-    };
+    let floats =
+        |name: &str| -> CliResult<Option<Tensor>> { get(tensors, name).map(tensor_of).transpose() };
     let on = |t: &Tensor| device::to_device(t, a.device);
     let on_opt = |t: Option<Tensor>| t.as_ref().map(on).transpose();
     let w = LayerWeights {

@@ -260,7 +260,12 @@ pub(super) fn warn_non_finite(tensors: &[NamedTensor]) {
 }
 
 /// A result in the file's layout (q/k/v-like results are transposed back for `bhnd`).
-pub(super) fn named(name: &str, t: &Tensor, layout: Layout, qkv_like: bool) -> CliResult<NamedTensor> {
+pub(super) fn named(
+    name: &str,
+    t: &Tensor,
+    layout: Layout,
+    qkv_like: bool,
+) -> CliResult<NamedTensor> {
     let host = device::download(t)?;
     let r = host.rank();
     let stored = if qkv_like && layout == Layout::Bhnd {

@@ -65,7 +65,11 @@ fn library(inputs: &[Input], p: &LayerParams) -> Vec<(&'static str, Vec<f64>)> {
     let mut r = vec![("y", v(&f.y))];
     if let Some(dy) = t("dy") {
         let g = layer_backward(&x, &w, p, &f, &dy).unwrap();
-        r.extend([("dx", v(&g.dx)), ("dw_qkv", v(&g.dw_qkv)), ("dw_o", v(&g.dw_o))]);
+        r.extend([
+            ("dx", v(&g.dx)),
+            ("dw_qkv", v(&g.dw_qkv)),
+            ("dw_o", v(&g.dw_o)),
+        ]);
         r.extend(g.db_qkv.as_ref().map(|b| ("db_qkv", v(b))));
         r.extend(g.db_o.as_ref().map(|b| ("db_o", v(b))));
     }
@@ -95,7 +99,21 @@ fn layer_forward_and_backward_through_the_file() {
     let mut positions = int32("positions", &pos);
     positions.shape = vec![2, 9];
     inputs.push(positions);
-    let out = run(&dir, &inputs, &["--heads", "4", "--heads-kv", "2", "--rope", "half", "--rope-base", "500", "--causal"]);
+    let out = run(
+        &dir,
+        &inputs,
+        &[
+            "--heads",
+            "4",
+            "--heads-kv",
+            "2",
+            "--rope",
+            "half",
+            "--rope-base",
+            "500",
+            "--causal",
+        ],
+    );
     assert_eq!(out["y"].0, vec![2, 9, 12]);
     assert_eq!(out["dw_qkv"].0, vec![12, 48]);
     let p = LayerParams::new(4, 2)
@@ -106,7 +124,20 @@ fn layer_forward_and_backward_through_the_file() {
 
     // bf16, interleaved over 4 of the 6 dims, no biases, forward only.
     let inputs = layer_inputs(&mut rng, Dtype::BF16, false, false);
-    let out = run(&dir, &inputs, &["--heads", "4", "--heads-kv", "2", "--rope", "interleaved", "--rope-dim", "4"]);
+    let out = run(
+        &dir,
+        &inputs,
+        &[
+            "--heads",
+            "4",
+            "--heads-kv",
+            "2",
+            "--rope",
+            "interleaved",
+            "--rope-dim",
+            "4",
+        ],
+    );
     assert_eq!(out["y"].1, Dtype::BF16);
     let p = LayerParams::new(4, 2).rope(Rope::new(RopeStyle::Interleaved).dim(4));
     assert_matches(&out, &library(&inputs, &p));
@@ -135,29 +166,82 @@ fn layer_errors_name_the_argument_and_leave_no_output() {
     let good = layer_inputs(&mut rng, Dtype::F32, true, true);
     let heads = ["--heads", "4", "--heads-kv", "2"];
     expect_error(&good, &[], &["--heads"]);
-    expect_error(&good, &["--heads", "4", "--heads-kv", "2", "--rope-dim", "4"], &["--rope-dim", "--rope"]);
+    expect_error(
+        &good,
+        &["--heads", "4", "--heads-kv", "2", "--rope-dim", "4"],
+        &["--rope-dim", "--rope"],
+    );
     expect_error(&good, &["--heads", "4", "--heads-kv", "3"], &["heads_kv"]);
-    expect_error(&good, &["--heads", "4", "--heads-kv", "2", "--rope", "half", "--rope-dim", "5"], &["rope_dim"]);
-    expect_error(&good, &["--heads", "4", "--heads-kv", "2", "--layout", "bhnd"], &["--layout"]);
+    expect_error(
+        &good,
+        &[
+            "--heads",
+            "4",
+            "--heads-kv",
+            "2",
+            "--rope",
+            "half",
+            "--rope-dim",
+            "5",
+        ],
+        &["rope_dim"],
+    );
+    expect_error(
+        &good,
+        &["--heads", "4", "--heads-kv", "2", "--layout", "bhnd"],
+        &["--layout"],
+    );
     let q = vec![random(&mut rng, "q", &[1, 4, 2, 8], Dtype::F32)];
     expect_error(&q, &["--heads", "2"], &["--heads", "`x`"]);
     let with = |name: &'static str, shape: &[usize], dtype: Dtype, rng: &mut StdRng| {
-        let mut v: Vec<Input> = good.iter().filter(|x| x.name != name).map(|x| Input {
-            name: x.name,
-            shape: x.shape.clone(),
-            dtype: x.dtype,
-            values: x.values.clone(),
-        }).collect();
+        let mut v: Vec<Input> = good
+            .iter()
+            .filter(|x| x.name != name)
+            .map(|x| Input {
+                name: x.name,
+                shape: x.shape.clone(),
+                dtype: x.dtype,
+                values: x.values.clone(),
+            })
+            .collect();
         v.push(random(rng, name, shape, dtype));
         v
     };
-    expect_error(&with("w_qkv", &[12, 47], Dtype::F32, &mut rng), &heads, &["w_qkv"]);
-    expect_error(&with("w_o", &[24, 11], Dtype::F32, &mut rng), &heads, &["w_o"]);
-    expect_error(&with("b_qkv", &[47], Dtype::F32, &mut rng), &heads, &["b_qkv"]);
-    expect_error(&with("b_o", &[12], Dtype::F16, &mut rng), &heads, &["b_o", "f16"]);
-    expect_error(&with("dy", &[2, 9, 11], Dtype::F32, &mut rng), &heads, &["dy"]);
-    expect_error(&with("positions", &[2, 9], Dtype::F32, &mut rng), &heads, &["positions", "int32"]);
-    expect_error(&with("q", &[2, 9, 4, 6], Dtype::F32, &mut rng), &heads, &["unexpected tensor `q`"]);
+    expect_error(
+        &with("w_qkv", &[12, 47], Dtype::F32, &mut rng),
+        &heads,
+        &["w_qkv"],
+    );
+    expect_error(
+        &with("w_o", &[24, 11], Dtype::F32, &mut rng),
+        &heads,
+        &["w_o"],
+    );
+    expect_error(
+        &with("b_qkv", &[47], Dtype::F32, &mut rng),
+        &heads,
+        &["b_qkv"],
+    );
+    expect_error(
+        &with("b_o", &[12], Dtype::F16, &mut rng),
+        &heads,
+        &["b_o", "f16"],
+    );
+    expect_error(
+        &with("dy", &[2, 9, 11], Dtype::F32, &mut rng),
+        &heads,
+        &["dy"],
+    );
+    expect_error(
+        &with("positions", &[2, 9], Dtype::F32, &mut rng),
+        &heads,
+        &["positions", "int32"],
+    );
+    expect_error(
+        &with("q", &[2, 9, 4, 6], Dtype::F32, &mut rng),
+        &heads,
+        &["unexpected tensor `q`"],
+    );
     let mut short = with("dy", &[2, 9, 12], Dtype::F32, &mut rng);
     short.push(int32("positions", &[0, 1, 2]));
     expect_error(&short, &heads, &["positions", "[2, 9]"]);

@@ -22,7 +22,10 @@ fn run_cases(test: &str, seed0: u64, cases: &[LayerCase]) {
         let g = layer_backward(&li.x, &li.w, &li.p, &f, &li.dy).expect("layer backward");
         worst = worst.max(check(case, &li, &results(&f, &g)));
     }
-    println!("{test}: {} cases, worst error / bound {worst:.3}", cases.len());
+    println!(
+        "{test}: {} cases, worst error / bound {worst:.3}",
+        cases.len()
+    );
 }
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -73,7 +76,9 @@ fn rotary_conventions_dims_and_positions() {
 #[test]
 fn attention_options_and_varlen() {
     let cases = vec![
-        LayerCase::new(2, 9, 12, 8).softcap(2.0).rope(RopeStyle::Half, None),
+        LayerCase::new(2, 9, 12, 8)
+            .softcap(2.0)
+            .rope(RopeStyle::Half, None),
         LayerCase::new(1, 1, 12, 8)
             .varlen(&[5, 1, 12])
             .heads(4, 1)
@@ -93,7 +98,11 @@ fn attention_options_and_varlen() {
 fn every_mismatch_names_its_argument() {
     let t = |shape: &[usize]| {
         let n: usize = shape.iter().product();
-        Tensor::from_vec((0..n).map(|i| (i as f32 * 0.61).sin()).collect::<Vec<_>>(), shape).unwrap()
+        Tensor::from_vec(
+            (0..n).map(|i| (i as f32 * 0.61).sin()).collect::<Vec<_>>(),
+            shape,
+        )
+        .unwrap()
     };
     let (m, h, hk, d) = (6, 2, 1, 4);
     let cols = (h + 2 * hk) * d;
@@ -134,9 +143,11 @@ fn every_mismatch_names_its_argument() {
     assert_eq!(arg(&x, &w, &p_base), Some("rope_base"));
     let p_pos = LayerParams::new(h, hk).positions(vec![0; 5]);
     assert_eq!(arg(&x, &w, &p_pos), Some("positions"));
-    let p_var = LayerParams::new(h, hk).attention(AttentionParams::default().varlen(vec![0, 6], vec![0, 6]));
+    let p_var = LayerParams::new(h, hk)
+        .attention(AttentionParams::default().varlen(vec![0, 6], vec![0, 6]));
     assert_eq!(arg(&x, &w, &p_var), Some("x"));
-    let p_var = LayerParams::new(h, hk).attention(AttentionParams::default().varlen(vec![0, 6], vec![0, 2, 6]));
+    let p_var = LayerParams::new(h, hk)
+        .attention(AttentionParams::default().varlen(vec![0, 6], vec![0, 2, 6]));
     assert_eq!(arg(&t(&[6, m]), &w, &p_var), Some("cu_seqlens_k"));
 
     let f = layer_forward(&x, &w, &p).unwrap();

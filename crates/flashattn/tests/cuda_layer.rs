@@ -43,7 +43,10 @@ fn run_cases(test: &str, seed0: u64, cases: &[LayerCase]) {
         worst = worst.max(ratio);
         assert_eq!(f.qkv.to_device(Device::Cpu).unwrap().device(), Device::Cpu);
     }
-    println!("{test}: {} cases, worst error / bound {worst:.3}", cases.len());
+    println!(
+        "{test}: {} cases, worst error / bound {worst:.3}",
+        cases.len()
+    );
 }
 
 /// Awkward sizes, GQA, every dtype, causal; the rotary conventions and dims, given positions.

@@ -102,4 +102,3 @@ impl Gemm {
         .map_err(|e| Error::Cuda(format!("cublasGemmStridedBatchedEx: {e:?}")))
     }
 }
-

@@ -48,7 +48,8 @@ fn matmul(
         }
         return;
     }
-    let last = |(_, rs, cs): Operand<'_>, rows: usize, cols: usize| (rows - 1) * rs + (cols - 1) * cs;
+    let last =
+        |(_, rs, cs): Operand<'_>, rows: usize, cols: usize| (rows - 1) * rs + (cols - 1) * cs;
     assert!(last(a, m, k) < a.0.len(), "lhs out of bounds");
     assert!(last(b, k, n) < b.0.len(), "rhs out of bounds");
     // SAFETY: the asserts keep every element gemm reads inside `a` and `b`, and `dst` holds the
@@ -112,7 +113,13 @@ impl LayerSteps for CpuSteps {
         let mut qkv = start_rows(s.rows, s.cols, w.b_qkv.as_ref())?;
         let dims = (s.rows, s.cols, s.model_dim);
         let accumulate = w.b_qkv.is_some();
-        matmul(&mut qkv, dims, (&x32, s.model_dim, 1), (&w32, s.cols, 1), accumulate);
+        matmul(
+            &mut qkv,
+            dims,
+            (&x32, s.model_dim, 1),
+            (&w32, s.cols, 1),
+            accumulate,
+        );
         if let Some(rope) = &s.rope {
             rotate_rows(&mut qkv, s, rope, false);
         }
@@ -124,7 +131,13 @@ impl LayerSteps for CpuSteps {
         let (o32, w32) = (f32_rows(out)?, f32_rows(&w.w_o)?);
         let mut y = start_rows(s.rows, m, w.b_o.as_ref())?;
         let accumulate = w.b_o.is_some();
-        matmul(&mut y, (s.rows, m, hd), (&o32, hd, 1), (&w32, m, 1), accumulate);
+        matmul(
+            &mut y,
+            (s.rows, m, hd),
+            (&o32, hd, 1),
+            (&w32, m, 1),
+            accumulate,
+        );
         tensor_of(y, &s.rows_of(m), s.dtype)
     }
 
@@ -138,7 +151,13 @@ impl LayerSteps for CpuSteps {
         let (rows, hd, m) = (s.rows, s.heads * s.head_dim, s.model_dim);
         let (o32, w32, dy32) = (f32_rows(out)?, f32_rows(&w.w_o)?, f32_rows(dy)?);
         let mut dw_o = vec![0.0; hd * m];
-        matmul(&mut dw_o, (hd, m, rows), (&o32, 1, hd), (&dy32, m, 1), false);
+        matmul(
+            &mut dw_o,
+            (hd, m, rows),
+            (&o32, 1, hd),
+            (&dy32, m, 1),
+            false,
+        );
         let mut dout = vec![0.0; rows * hd];
         matmul(&mut dout, (rows, hd, m), (&dy32, m, 1), (&w32, 1, m), false);
         let db_o = match &w.b_o {

@@ -58,7 +58,11 @@ impl Ctx {
     }
 
     fn ones(&self, rows: usize) -> Result<CudaStorage> {
-        CudaStorage::upload(&self.g, &CpuStorage::filled(self.dtype, rows.max(1), 1.0), 0)
+        CudaStorage::upload(
+            &self.g,
+            &CpuStorage::filled(self.dtype, rows.max(1), 1.0),
+            0,
+        )
     }
 
     fn run(&self, products: &[RowGemm]) -> Result<()> {
@@ -211,7 +215,14 @@ impl LayerSteps for CudaSteps {
         let qkv = ctx.output(s.dtype, &s.rows_of(s.cols))?;
         let c = ptr(&qkv, "qkv")?;
         let dims = (s.rows, s.cols, s.model_dim);
-        project(&ctx, dims, ptr(&x, "x")?, ptr(&wq, "w_qkv")?, w.b_qkv.as_ref(), c)?;
+        project(
+            &ctx,
+            dims,
+            ptr(&x, "x")?,
+            ptr(&wq, "w_qkv")?,
+            w.b_qkv.as_ref(),
+            c,
+        )?;
         ctx.rotate(s, c, false)?;
         Ok(qkv)
     }

@@ -85,8 +85,13 @@ trait LayerSteps: Sync {
     /// `out·w_o + b_o`.
     fn output(&self, s: &LayerShape, out: &Tensor, w: &LayerWeights) -> Result<Tensor>;
     /// `dout = dy·w_oᵀ`, `dw_o = outᵀ·dy`, `db_o = Σ dy`.
-    fn out_grads(&self, s: &LayerShape, out: &Tensor, w: &LayerWeights, dy: &Tensor)
-    -> Result<OutGrads>;
+    fn out_grads(
+        &self,
+        s: &LayerShape,
+        out: &Tensor,
+        w: &LayerWeights,
+        dy: &Tensor,
+    ) -> Result<OutGrads>;
     /// The attention backward into one packed gradient buffer (and the bias gradient).
     fn attention_grads(
         &self,

@@ -157,7 +157,11 @@ impl LayerCase {
         let mut p = LayerParams::new(self.heads, self.heads_kv).attention(attention);
         p.rope = self.rope;
         if self.positions {
-            p.positions = Some((0..self.rows()).map(|_| rng.random_range(0..3000)).collect());
+            p.positions = Some(
+                (0..self.rows())
+                    .map(|_| rng.random_range(0..3000))
+                    .collect(),
+            );
         }
         LayerInputs { x, w, p, dy }
     }
@@ -206,17 +210,37 @@ impl Mat {
     }
     /// `self · other` (or with `ta`/`tb` the transposes).
     fn mul(&self, ta: bool, other: &Mat, tb: bool) -> Mat {
-        let (m, k) = if ta { (self.cols, self.rows) } else { (self.rows, self.cols) };
+        let (m, k) = if ta {
+            (self.cols, self.rows)
+        } else {
+            (self.rows, self.cols)
+        };
         let n = if tb { other.rows } else { other.cols };
-        let a = |i: usize, l: usize| if ta { self.v[l * self.cols + i] } else { self.v[i * self.cols + l] };
-        let b = |l: usize, j: usize| if tb { other.v[j * other.cols + l] } else { other.v[l * other.cols + j] };
+        let a = |i: usize, l: usize| {
+            if ta {
+                self.v[l * self.cols + i]
+            } else {
+                self.v[i * self.cols + l]
+            }
+        };
+        let b = |l: usize, j: usize| {
+            if tb {
+                other.v[j * other.cols + l]
+            } else {
+                other.v[l * other.cols + j]
+            }
+        };
         let mut v = vec![0.0; m * n];
         for i in 0..m {
             for j in 0..n {
                 v[i * n + j] = (0..k).map(|l| a(i, l) * b(l, j)).sum();
             }
         }
-        Mat { v, rows: m, cols: n }
+        Mat {
+            v,
+            rows: m,
+            cols: n,
+        }
     }
     fn add_row(&mut self, b: &[f64]) {
         for row in self.v.chunks_mut(self.cols) {
@@ -314,10 +338,13 @@ pub fn compose(li: &LayerInputs, plain: Option<DType>) -> Results {
     dout.round(plain);
     let mut dshape = lead.clone();
     dshape.extend([h, d]);
-    let dout_t = Tensor::from_vec(dout.v.iter().map(|&x| x as f32).collect::<Vec<_>>(), &dshape)
-        .unwrap()
-        .to_dtype(plain.unwrap_or(DType::F32))
-        .unwrap();
+    let dout_t = Tensor::from_vec(
+        dout.v.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+        &dshape,
+    )
+    .unwrap()
+    .to_dtype(plain.unwrap_or(DType::F32))
+    .unwrap();
     let (out, dq, dk, dv) = match plain {
         None => {
             let f = oracle::forward(&q, &k, &v, ap).unwrap();
@@ -331,13 +358,21 @@ pub fn compose(li: &LayerInputs, plain: Option<DType>) -> Results {
             (v64(&f.out), v64(&g.dq), v64(&g.dk), v64(&g.dv))
         }
     };
-    let out = Mat { v: out, rows, cols: h * d };
+    let out = Mat {
+        v: out,
+        rows,
+        cols: h * d,
+    };
     let mut y = out.mul(false, &wo, false);
     if let Some(b) = &li.w.b_o {
         y.add_row(&b.to_f64_vec().unwrap());
     }
     let dw_o = out.mul(true, &dy, false);
-    let mut dqkv = Mat { v: Vec::with_capacity(rows * cols), rows, cols };
+    let mut dqkv = Mat {
+        v: Vec::with_capacity(rows * cols),
+        rows,
+        cols,
+    };
     for r in 0..rows {
         dqkv.v.extend(&dq[r * h * d..(r + 1) * h * d]);
         dqkv.v.extend(&dk[r * hk * d..(r + 1) * hk * d]);
@@ -369,7 +404,12 @@ pub fn check(case: &LayerCase, li: &LayerInputs, got: &Results) -> f64 {
     };
     let mut worst = 0f64;
     for (i, (g, t)) in got.iter().zip(&truth).enumerate() {
-        assert!(g.iter().all(|x| x.is_finite()), "{}: {} not finite", case.describe(), NAMES[i]);
+        assert!(
+            g.iter().all(|x| x.is_finite()),
+            "{}: {} not finite",
+            case.describe(),
+            NAMES[i]
+        );
         let err = rel(g, t);
         let bound = match &plain {
             None => F32_TOL,
