@@ -1,7 +1,7 @@
 //! `flashattn run` on the fused layer's tensors (input `x` instead of q, k, v): inputs `x`,
-//! `w_qkv`, `b_qkv`, `w_o`, `b_o`, `positions`, `dy` (and `alibi_slopes`, `bias`, `cu_seqlens_q`
-//! + `cu_seqlens_k` as for attention); outputs `y` and, with `dy`, `dx`, `dw_qkv`, `db_qkv`,
-//! `dw_o`, `db_o` (and `dbias` with a bias). The interface is fixed by issue 67.
+//! `w_qkv`, `b_qkv`, `w_o`, `b_o`, `positions`, `dy` (and `alibi_slopes`, `bias`, both
+//! cu_seqlens as for attention); outputs `y` and, with `dy`, `dx`, `dw_qkv`, `db_qkv`, `dw_o`,
+//! `db_o` (and `dbias` with a bias). The interface is fixed by issue 67.
 
 use flashattn::{
     LayerParams, LayerWeights, Rope, RopeStyle, Tensor, layer_backward, layer_forward,
