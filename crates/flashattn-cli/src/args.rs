@@ -70,7 +70,16 @@ with varlen); with dout: dq, dk, dv (and dbias with a bias, drel_bias with rel_b
 Files: .safetensors (every dtype) or .npz (numpy's savez/savez_compressed; f32, f16 and int32:
 numpy has no bfloat16). A .npy file holds a single array, so it cannot carry q, k and v.
 The output is written to a temporary file beside OUT and renamed, so OUT is never half-written;
-a run stopped by Ctrl-C, SIGTERM or SIGHUP removes the temporary file.";
+a run stopped by Ctrl-C, SIGTERM or SIGHUP removes the temporary file.
+
+The fused layer (with tensor x instead of q, k, v; --heads needed):
+  flashattn run --input layer.safetensors --output y.safetensors --heads 8 --heads-kv 2 --rope half
+Inputs: x [batch, seqlen, model_dim] ([total, model_dim] with cu_seqlens), w_qkv [model_dim,
+(heads + 2·heads_kv)·head_dim] (columns: q heads, k heads, v heads), optional b_qkv, w_o
+[heads·head_dim, model_dim], optional b_o [model_dim], optional positions [batch, seqlen] int32
+(rotary positions; default 0..seqlen-1), dy (like y) for the backward; alibi_slopes, bias and
+cu_seqlens as above. Outputs: y [batch, seqlen, model_dim]; with dy: dx, dw_qkv, db_qkv, dw_o,
+db_o (and dbias with a bias).";
 
 /// Exact attention by FlashAttention: check it, benchmark it, run it on tensor files.
 #[derive(Parser, Debug)]
@@ -440,4 +449,52 @@ pub struct RunArgs {
     /// How q, k, v (and dout, out, gradients) are stored in the files.
     #[arg(long, value_enum, default_value_t)]
     pub layout: Layout,
+    /// The fused layer's options (with tensor `x`).
+    #[command(flatten)]
+    pub layer: LayerArgs,
+}
+
+/// The rotary embedding conventions.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeArg {
+    /// Half-split (GPT-NeoX): dim p pairs with p + R/2.
+    Half,
+    /// Interleaved (GPT-J): dim 2p pairs with 2p + 1.
+    Interleaved,
+}
+
+/// Options of `flashattn run` for the fused layer (input tensor `x`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct LayerArgs {
+    /// Fused layer: query heads (head_dim = w_qkv's columns / (heads + 2·heads_kv)).
+    #[arg(long, value_name = "H")]
+    pub heads: Option<usize>,
+    /// Fused layer: key/value heads (default: --heads).
+    #[arg(long, value_name = "HK")]
+    pub heads_kv: Option<usize>,
+    /// Fused layer: rotary embedding of Q and K (none if not given).
+    #[arg(long, value_enum)]
+    pub rope: Option<RopeArg>,
+    /// Fused layer: rotary frequency base (default 10000): pair p at position t turns by
+    /// t·B^(−2p/R).
+    #[arg(long, value_name = "B")]
+    pub rope_base: Option<f64>,
+    /// Fused layer: rotary dim R, even, at most head_dim (default head_dim).
+    #[arg(long, value_name = "R")]
+    pub rope_dim: Option<usize>,
+}
+
+impl LayerArgs {
+    /// The first option given, as the command line spells it.
+    pub fn first_given(&self) -> Option<&'static str> {
+        [
+            (self.heads.is_some(), "--heads"),
+            (self.heads_kv.is_some(), "--heads-kv"),
+            (self.rope.is_some(), "--rope"),
+            (self.rope_base.is_some(), "--rope-base"),
+            (self.rope_dim.is_some(), "--rope-dim"),
+        ]
+        .into_iter()
+        .find_map(|(given, name)| given.then_some(name))
+    }
 }

@@ -11,6 +11,7 @@ mod check;
 mod device;
 mod inputs;
 mod json;
+mod layer_run;
 mod memory;
 mod output;
 mod plot;

@@ -74,7 +74,7 @@ impl<'a> FileInputs<'a> {
     }
 }
 
-fn float_dtype(t: &NamedTensor) -> CliResult<DType> {
+pub(super) fn float_dtype(t: &NamedTensor) -> CliResult<DType> {
     t.data.float_dtype().ok_or_else(|| {
         fail(format!(
             "tensor `{}`: expected dtype f32, f16 or bf16, found {}",
@@ -84,7 +84,7 @@ fn float_dtype(t: &NamedTensor) -> CliResult<DType> {
     })
 }
 
-fn tensor_of(t: &NamedTensor) -> CliResult<Tensor> {
+pub(super) fn tensor_of(t: &NamedTensor) -> CliResult<Tensor> {
     t.data.to_tensor(&t.shape).unwrap_or_else(|| {
         Err(fail(format!(
             "tensor `{}`: expected a float dtype, found {}",
@@ -94,7 +94,7 @@ fn tensor_of(t: &NamedTensor) -> CliResult<Tensor> {
     })
 }
 
-fn cu_seqlens(t: &NamedTensor) -> CliResult<Vec<i32>> {
+pub(super) fn cu_seqlens(t: &NamedTensor) -> CliResult<Vec<i32>> {
     match (&t.data, t.shape.len()) {
         (Data::I32(v), 1) => Ok(v.clone()),
         (Data::I32(_), _) => Err(fail(format!(
@@ -256,7 +256,7 @@ fn f32_tensor(t: &NamedTensor) -> CliResult<Tensor> {
 
 /// Warns on stderr about each input tensor that holds NaN or infinite values: attention does not
 /// refuse them, and the results they reach are not finite.
-fn warn_non_finite(tensors: &[NamedTensor]) {
+pub(super) fn warn_non_finite(tensors: &[NamedTensor]) {
     for t in tensors {
         let (nan, inf) = t.data.non_finite();
         if nan + inf > 0 {
@@ -271,7 +271,12 @@ fn warn_non_finite(tensors: &[NamedTensor]) {
 }
 
 /// A result in the file's layout (q/k/v-like results are transposed back for `bhnd`).
-fn named(name: &str, t: &Tensor, layout: Layout, qkv_like: bool) -> CliResult<NamedTensor> {
+pub(super) fn named(
+    name: &str,
+    t: &Tensor,
+    layout: Layout,
+    qkv_like: bool,
+) -> CliResult<NamedTensor> {
     let host = device::download(t)?;
     let r = host.rank();
     let stored = if qkv_like && layout == Layout::Bhnd {
@@ -309,6 +314,14 @@ pub fn run(a: &RunArgs) -> CliResult<()> {
         return Err(fail(format!(
             "tensor `{missing}` is missing: packed varlen input needs both cu_seqlens_q and \
              cu_seqlens_k (int32, batch + 1 entries)"
+        )));
+    }
+    if has("x") {
+        return super::layer_run::run(a, &tensors, out_format);
+    }
+    if let Some(opt) = a.layer.first_given() {
+        return Err(fail(format!(
+            "{opt} is an option of the fused layer: the input needs tensor `x` (and w_qkv, w_o)"
         )));
     }
     let file = FileInputs {

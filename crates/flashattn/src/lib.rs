@@ -9,6 +9,8 @@
 //!   [`backward_into`] write into tensors the caller keeps from call to call.
 //! * Options: scale, causal and sliding windows ([`Window`]), ALiBi, softcap, additive bias,
 //!   MQA/GQA, packed variable-length batches, head dims 1..=512 (V's may differ).
+//! * [`layer_forward`] and [`layer_backward`]: the fused attention layer (QKV projection, rotary
+//!   embedding, attention, output projection) built on them.
 //! * [`mod@reference`] holds the f64 oracle and the "standard attention" baseline that the tests and
 //!   benchmarks measure against.
 
@@ -29,6 +31,7 @@ mod devices;
 pub mod dtype;
 pub mod error;
 mod host_buf;
+pub mod layer;
 pub mod mask;
 mod outputs;
 pub mod params;
@@ -43,6 +46,8 @@ pub use error::{Error, Result};
 /// The crate of the `f16` and `bf16` element types.
 pub use half;
 pub use host_buf::set_huge_pages;
+pub use layer::params::{LayerParams, LayerWeights, Rope, RopeStyle};
+pub use layer::{LayerGradients, LayerOutput, layer_backward, layer_forward};
 pub use mask::{Mask, Window};
 pub use outputs::{ForwardOutput, Gradients};
 pub use params::{AttentionParams, VarLen};

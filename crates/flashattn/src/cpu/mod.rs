@@ -270,6 +270,44 @@ fn backward_into_typed<T: CpuElement>(
     backward_run::<T>(p, x, outputs)
 }
 
+/// The backward into one host buffer no other tensor shares (`dqkv`, the fused layer's packed
+/// gradient), dq, dk and dv written at the disjoint `layouts` in it; returns the bias gradient
+/// (allocated zeroed, the backward adds into it) when the call has a bias.
+pub(crate) fn backward_packed(
+    p: &Problem,
+    x: BackwardInputs<'_>,
+    dqkv: &mut Tensor,
+    layouts: [RowLayout; 3],
+) -> Result<Option<Tensor>> {
+    let mut dbias = match &p.bias {
+        Some((b, _)) => Some(zeros_f32(b.shape(), "dbias")?),
+        None => None,
+    };
+    match p.dtype {
+        DType::F32 => backward_packed_typed::<f32>(p, x, dqkv, layouts, &mut dbias)?,
+        DType::F16 => backward_packed_typed::<f16>(p, x, dqkv, layouts, &mut dbias)?,
+        DType::BF16 => backward_packed_typed::<bf16>(p, x, dqkv, layouts, &mut dbias)?,
+    }
+    Ok(dbias)
+}
+
+fn backward_packed_typed<T: CpuElement>(
+    p: &Problem,
+    x: BackwardInputs<'_>,
+    dqkv: &mut Tensor,
+    [dq, dk, dv]: [RowLayout; 3],
+    dbias: &mut Option<Tensor>,
+) -> Result<()> {
+    let whole = SharedOut::new(writable::<T>(dqkv, "dqkv")?, RowLayout::default());
+    let outputs = backward::Outputs {
+        dq: whole.with_layout(dq),
+        dk: whole.with_layout(dk),
+        dv: whole.with_layout(dv),
+        dbias: dbias_view(dbias)?,
+    };
+    backward_run::<T>(p, x, outputs)
+}
+
 /// The backward into gradients it allocates: dq, dk and dv not filled first (see
 /// [`Unwritten`]), the bias gradient zeroed (the backward adds into it).
 fn backward_typed<T: CpuElement>(p: &Problem, x: BackwardInputs<'_>) -> Result<Gradients> {

@@ -47,6 +47,18 @@ impl<'a, T: Copy> SharedOut<'a, T> {
         }
     }
 
+    /// Another writer of the same buffer with its rows at `layout` (the fused layer's dq, dk
+    /// and dv, disjoint columns of one packed buffer); the `write_*` contracts then cover the
+    /// elements every writer of the buffer touches.
+    pub(crate) fn with_layout(&self, layout: RowLayout) -> SharedOut<'_, T> {
+        SharedOut {
+            ptr: self.ptr,
+            len: self.len,
+            layout,
+            _borrow: PhantomData,
+        }
+    }
+
     /// For a loop that writes `rows` rows of `len` elements, the first at `start` and each
     /// `stride` after the last: the rows a few on from the one it writes (see
     /// [`RowsAhead::ahead_of`]).

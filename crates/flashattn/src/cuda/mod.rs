@@ -8,12 +8,14 @@
 //! (see [`compile`]).
 
 pub(crate) mod backward;
+pub(crate) mod blas;
 pub mod compile;
 pub(crate) mod device;
 mod disk_cache;
 mod foreign;
 pub(crate) mod forward;
 pub(crate) mod params;
+pub(crate) mod rope;
 pub(crate) mod standard;
 pub(crate) mod storage;
 pub(crate) mod tensor_map;
@@ -74,13 +76,14 @@ impl Backend for Cuda {
     }
 }
 
-/// Every kernel variant flashattn can launch (the forward and backward kernels and the standard
-/// attention's),
+/// Every kernel variant flashattn can launch (the forward and backward kernels, the standard
+/// attention's and the fused layer's rotation),
 /// so that a test can compile them all with NVRTC.
 pub fn kernel_sources() -> Vec<KernelSource> {
     let mut all = forward::kernel_sources();
     all.extend(backward::kernel_sources());
     all.extend(standard::kernel_sources());
+    all.extend(rope::kernel_sources());
     all
 }
 

@@ -9,13 +9,9 @@
 //! runs in f32), as on the CPU baseline ([`crate::reference::standard`]); it is the same-precision
 //! yardstick for the GPU tests and the materializing method of the benchmarks.
 
-use std::collections::HashMap;
-use std::ffi::c_void;
-use std::sync::{Arc, Mutex, OnceLock};
-
-use cudarc::cublas::{CudaBlas, sys as blas_sys};
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
+use super::blas::{Gemm, blas};
 use super::compile::{self, KernelSource, TYPES_HEADER};
 use super::device::{Gpu, gpu};
 use super::storage::CudaStorage;
@@ -78,7 +74,7 @@ unsafe impl DeviceRepr for SoftmaxParams {}
 const SOFTMAX_THREADS: u32 = 256;
 const COPY_THREADS: u32 = 256;
 
-fn dtype_tag(dtype: DType) -> (&'static str, &'static str) {
+pub(crate) fn dtype_tag(dtype: DType) -> (&'static str, &'static str) {
     match dtype {
         DType::F32 => ("f32", "ELEM_F32"),
         DType::F16 => ("f16", "ELEM_F16"),
@@ -133,28 +129,6 @@ pub(crate) fn forward_extra_memory_bytes(p: &Problem) -> usize {
         .saturating_add(p.batch.saturating_mul(16))
 }
 
-fn blas(gpu: &Gpu) -> Result<Arc<Mutex<CudaBlas>>> {
-    static HANDLES: OnceLock<Mutex<HashMap<usize, Arc<Mutex<CudaBlas>>>>> = OnceLock::new();
-    let mut map = HANDLES
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(h) = map.get(&gpu.ordinal) {
-        return Ok(h.clone());
-    }
-    // SAFETY: only tries to dlopen libcublas; no cuBLAS call is made.
-    if !unsafe { blas_sys::is_culib_present() } {
-        return Err(Error::Cuda(
-            "libcublas could not be loaded (the standard attention baseline needs cuBLAS)".into(),
-        ));
-    }
-    let h = CudaBlas::new(gpu.stream.clone())
-        .map_err(|e| Error::Cuda(format!("creating a cuBLAS handle: {e:?}")))?;
-    let h = Arc::new(Mutex::new(h));
-    map.insert(gpu.ordinal, h.clone());
-    Ok(h)
-}
-
 fn to_i32(what: &str, x: usize) -> Result<i32> {
     i32::try_from(x).map_err(|_| Error::Unsupported {
         device: "cuda",
@@ -172,69 +146,6 @@ fn upload_i32(gpu: &Gpu, v: &[i32]) -> Result<CudaSlice<i32>> {
 fn ptr_i32(gpu: &Gpu, s: &CudaSlice<i32>) -> u64 {
     use cudarc::driver::DevicePtr;
     s.device_ptr(&gpu.stream).0
-}
-
-/// One strided-batched product `C = op(A)·op(B)` in column-major terms, in `dtype` with f32
-/// accumulation.
-struct Gemm {
-    trans_a: bool,
-    m: i32,
-    n: i32,
-    k: i32,
-    alpha: f32,
-    a: (u64, i32, i64),
-    b: (u64, i32, i64),
-    c: (u64, i32, i64),
-    batch: i32,
-}
-
-impl Gemm {
-    fn run(&self, blas: &CudaBlas, dtype: DType) -> Result<()> {
-        use blas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
-        use blas_sys::cudaDataType_t::{CUDA_R_16BF, CUDA_R_16F, CUDA_R_32F};
-        let ty = match dtype {
-            DType::F32 => CUDA_R_32F,
-            DType::F16 => CUDA_R_16F,
-            DType::BF16 => CUDA_R_16BF,
-        };
-        let beta = 0f32;
-        let size = dtype.size_in_bytes() as i64;
-        // SAFETY: the pointers are device buffers of the same context sized by the caller for
-        // these dimensions, leading dimensions and batch strides; alpha and beta are f32 as the
-        // compute type requires, and live across the call.
-        unsafe {
-            cudarc::cublas::result::gemm_strided_batched_ex(
-                *blas.handle(),
-                if self.trans_a {
-                    CUBLAS_OP_T
-                } else {
-                    CUBLAS_OP_N
-                },
-                CUBLAS_OP_N,
-                self.m,
-                self.n,
-                self.k,
-                (&self.alpha as *const f32).cast::<c_void>(),
-                self.a.0 as *const c_void,
-                ty,
-                self.a.1,
-                self.a.2 / size,
-                self.b.0 as *const c_void,
-                ty,
-                self.b.1,
-                self.b.2 / size,
-                (&beta as *const f32).cast::<c_void>(),
-                self.c.0 as *mut c_void,
-                ty,
-                self.c.1,
-                self.c.2 / size,
-                self.batch,
-                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(|e| Error::Cuda(format!("cublasGemmStridedBatchedEx: {e:?}")))
-    }
 }
 
 /// The standard attention forward of a validated problem on one GPU.
@@ -383,6 +294,8 @@ pub(crate) fn forward(p: &Problem, q: &Tensor, k: &Tensor, v: &Tensor) -> Result
         for gi in 0..group {
             Gemm {
                 trans_a: true,
+                trans_b: false,
+                beta: 0.0,
                 m: nk,
                 n: nq,
                 k: d,
@@ -477,6 +390,8 @@ pub(crate) fn forward(p: &Problem, q: &Tensor, k: &Tensor, v: &Tensor) -> Result
             }
             Gemm {
                 trans_a: false,
+                trans_b: false,
+                beta: 0.0,
                 m: dv,
                 n: nq,
                 k: nk,

@@ -5,6 +5,7 @@
 #[cfg(feature = "cuda")]
 pub mod gpu;
 pub mod grid;
+pub mod layer;
 mod measure;
 
 #[allow(unused_imports)] // not every test binary uses the error measures

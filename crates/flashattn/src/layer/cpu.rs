@@ -1,0 +1,227 @@
+//! The layer's steps on the CPU: f32 GEMMs by the `gemm` crate, the rotation in place in the
+//! f32 projections, the attention backward into one packed gradient buffer.
+
+use std::borrow::Cow;
+
+use crate::backend::BackwardInputs;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::layer::params::LayerWeights;
+use crate::layer::rope::rotate_rows;
+use crate::layer::shape::LayerShape;
+use crate::layer::{LayerSteps, OutGrads, QkvGrads};
+use crate::outputs::poison_outputs;
+use crate::problem::{Problem, row_layout};
+use crate::tensor::{HostElement, Tensor};
+
+pub(crate) struct CpuSteps;
+
+/// A row-major f32 operand: its elements, row stride and column stride (a transpose swaps them).
+type Operand<'a> = (&'a [f32], usize, usize);
+
+/// `t`'s elements in row-major order as f32: borrowed when it is a contiguous f32 tensor.
+fn f32_rows(t: &Tensor) -> Result<Cow<'_, [f32]>> {
+    if t.dtype() == DType::F32
+        && t.is_contiguous()
+        && let Some(all) = t.cpu_slice::<f32>()
+    {
+        return Ok(Cow::Borrowed(&all[t.offset()..t.offset() + t.numel()]));
+    }
+    Ok(Cow::Owned(t.to_f32_vec()?))
+}
+
+/// `dst[m×n] = a·b`, or `dst += a·b` with `accumulate`, `a` being `m×k` and `b` `k×n`.
+fn matmul(
+    dst: &mut [f32],
+    (m, n, k): (usize, usize, usize),
+    a: Operand<'_>,
+    b: Operand<'_>,
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let dst = &mut dst[..m * n];
+    if k == 0 {
+        if !accumulate {
+            dst.fill(0.0);
+        }
+        return;
+    }
+    let last =
+        |(_, rs, cs): Operand<'_>, rows: usize, cols: usize| (rows - 1) * rs + (cols - 1) * cs;
+    assert!(last(a, m, k) < a.0.len(), "lhs out of bounds");
+    assert!(last(b, k, n) < b.0.len(), "rhs out of bounds");
+    // SAFETY: the asserts keep every element gemm reads inside `a` and `b`, and `dst` holds the
+    // m×n row-major result; the three are distinct borrows, so nothing aliases.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            a.0.as_ptr(),
+            a.2 as isize,
+            a.1 as isize,
+            b.0.as_ptr(),
+            b.2 as isize,
+            b.1 as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::Rayon(0),
+        )
+    }
+}
+
+/// `rows × n` zeros, or the bias in every row (what the GEMM then accumulates onto).
+fn start_rows(rows: usize, n: usize, bias: Option<&Tensor>) -> Result<Vec<f32>> {
+    Ok(match bias {
+        None => vec![0.0; rows * n],
+        Some(b) => f32_rows(b)?.repeat(rows),
+    })
+}
+
+/// The sum of each column of a row-major `rows × n` matrix, accumulated in f64.
+fn column_sums(g: &[f32], n: usize) -> Vec<f32> {
+    let mut sums = vec![0f64; n];
+    for row in g.chunks_exact(n) {
+        sums.iter_mut()
+            .zip(row)
+            .for_each(|(s, &x)| *s += f64::from(x));
+    }
+    sums.into_iter().map(|s| s as f32).collect()
+}
+
+/// A tensor of `shape` holding `data` rounded to `dtype`.
+fn tensor_of(data: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    let t = Tensor::from_vec(data, shape)?;
+    match dtype {
+        DType::F32 => Ok(t),
+        _ => t.to_dtype(dtype),
+    }
+}
+
+impl LayerSteps for CpuSteps {
+    fn qkv(&self, s: &LayerShape, x: &Tensor, w: &LayerWeights) -> Result<Tensor> {
+        let (x32, w32) = (f32_rows(x)?, f32_rows(&w.w_qkv)?);
+        let mut qkv = start_rows(s.rows, s.cols, w.b_qkv.as_ref())?;
+        let dims = (s.rows, s.cols, s.model_dim);
+        let accumulate = w.b_qkv.is_some();
+        matmul(
+            &mut qkv,
+            dims,
+            (&x32, s.model_dim, 1),
+            (&w32, s.cols, 1),
+            accumulate,
+        );
+        if let Some(rope) = &s.rope {
+            rotate_rows(&mut qkv, s, rope, false);
+        }
+        tensor_of(qkv, &s.rows_of(s.cols), s.dtype)
+    }
+
+    fn output(&self, s: &LayerShape, out: &Tensor, w: &LayerWeights) -> Result<Tensor> {
+        let (hd, m) = (s.heads * s.head_dim, s.model_dim);
+        let (o32, w32) = (f32_rows(out)?, f32_rows(&w.w_o)?);
+        let mut y = start_rows(s.rows, m, w.b_o.as_ref())?;
+        let accumulate = w.b_o.is_some();
+        matmul(
+            &mut y,
+            (s.rows, m, hd),
+            (&o32, hd, 1),
+            (&w32, m, 1),
+            accumulate,
+        );
+        tensor_of(y, &s.rows_of(m), s.dtype)
+    }
+
+    fn out_grads(
+        &self,
+        s: &LayerShape,
+        out: &Tensor,
+        w: &LayerWeights,
+        dy: &Tensor,
+    ) -> Result<OutGrads> {
+        let (rows, hd, m) = (s.rows, s.heads * s.head_dim, s.model_dim);
+        let (o32, w32, dy32) = (f32_rows(out)?, f32_rows(&w.w_o)?, f32_rows(dy)?);
+        let mut dw_o = vec![0.0; hd * m];
+        matmul(
+            &mut dw_o,
+            (hd, m, rows),
+            (&o32, 1, hd),
+            (&dy32, m, 1),
+            false,
+        );
+        let mut dout = vec![0.0; rows * hd];
+        matmul(&mut dout, (rows, hd, m), (&dy32, m, 1), (&w32, 1, m), false);
+        let db_o = match &w.b_o {
+            Some(_) => Some(tensor_of(column_sums(&dy32, m), &[m], s.dtype)?),
+            None => None,
+        };
+        Ok(OutGrads {
+            dout: tensor_of(dout, &s.heads_of(s.heads), s.dtype)?,
+            dw_o: tensor_of(dw_o, &[hd, m], s.dtype)?,
+            db_o,
+        })
+    }
+
+    fn attention_grads(
+        &self,
+        s: &LayerShape,
+        p: &Problem,
+        x: BackwardInputs<'_>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let fill = if poison_outputs() { f32::NAN } else { 0.0 };
+        let mut dqkv = Tensor::full(&s.rows_of(s.cols), s.dtype, fill)?;
+        let layouts = s.views(&dqkv)?.map(|v| row_layout(&v));
+        let dbias = crate::cpu::backward_packed(p, x, &mut dqkv, layouts)?;
+        Ok((dqkv, dbias))
+    }
+
+    fn qkv_grads(
+        &self,
+        s: &LayerShape,
+        x: &Tensor,
+        w: &LayerWeights,
+        mut dqkv: Tensor,
+    ) -> Result<QkvGrads> {
+        let (rows, c, m) = (s.rows, s.cols, s.model_dim);
+        // f32: the inverse rotation runs in the buffer the attention wrote; else in its widening.
+        let mut widened;
+        let at = dqkv.offset()..dqkv.offset() + dqkv.numel();
+        let d32: &mut [f32] = match s.dtype {
+            DType::F32 => dqkv
+                .cpu_storage_mut()
+                .and_then(<f32 as HostElement>::slice_mut)
+                .map(|all| &mut all[at])
+                .ok_or_else(|| Error::arg("dqkv", "an f32 host buffer of its own", "another"))?,
+            _ => {
+                widened = dqkv.to_f32_vec()?;
+                &mut widened
+            }
+        };
+        if let Some(rope) = &s.rope {
+            rotate_rows(d32, s, rope, true);
+        }
+        let (x32, w32) = (f32_rows(x)?, f32_rows(&w.w_qkv)?);
+        let mut dw_qkv = vec![0.0; m * c];
+        matmul(&mut dw_qkv, (m, c, rows), (&x32, 1, m), (d32, c, 1), false);
+        let mut dx = vec![0.0; rows * m];
+        matmul(&mut dx, (rows, m, c), (d32, c, 1), (&w32, 1, c), false);
+        let db_qkv = match &w.b_qkv {
+            Some(_) => Some(tensor_of(column_sums(d32, c), &[c], s.dtype)?),
+            None => None,
+        };
+        Ok(QkvGrads {
+            dx: tensor_of(dx, &s.x_shape, s.dtype)?,
+            dw_qkv: tensor_of(dw_qkv, &[m, c], s.dtype)?,
+            db_qkv,
+        })
+    }
+}
