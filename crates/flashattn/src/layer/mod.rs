@@ -167,7 +167,7 @@ pub fn layer_forward(x: &Tensor, w: &LayerWeights, params: &LayerParams) -> Resu
 ///     let len: usize = shape.iter().product();
 ///     Tensor::from_vec((0..len).map(|i| (i as f32 * f).cos()).collect::<Vec<_>>(), shape)
 /// };
-/// let w = LayerWeights { w_qkv: t(&[6, 24], 0.3)?, b_qkv: Some(t(&[24], 0.2)?), w_o: t(&[8, 6], 0.5)?, b_o: None };
+/// let w = LayerWeights { w_qkv: t(&[6, 24], 0.3)?, b_qkv: Some(t(&[24], 0.2)?), w_o: t(&[12, 6], 0.5)?, b_o: None };
 /// let (x, p) = (t(&[2, 3, 6], 0.7)?, LayerParams::new(2, 1));
 /// let f = layer_forward(&x, &w, &p)?;
 /// let g = layer_backward(&x, &w, &p, &f, &f.y)?;
