@@ -271,24 +271,35 @@ fn backward_into_typed<T: CpuElement>(
 }
 
 /// The backward into one host buffer no other tensor shares (`dqkv`, the fused layer's packed
-/// gradient), dq, dk and dv written at the disjoint `layouts` in it; returns the bias gradient
-/// (allocated zeroed, the backward adds into it) when the call has a bias.
+/// gradient), dq, dk and dv written at the disjoint `layouts` in it; returns the gradients of the
+/// bias and of the relative-position table (allocated zeroed, the backward adds into them) that
+/// the call has.
 pub(crate) fn backward_packed(
     p: &Problem,
     x: BackwardInputs<'_>,
     dqkv: &mut Tensor,
     layouts: [RowLayout; 3],
-) -> Result<Option<Tensor>> {
-    let mut dbias = match &p.bias {
+) -> Result<[Option<Tensor>; 2]> {
+    let mut biases = bias_grads(p)?;
+    match p.dtype {
+        DType::F32 => backward_packed_typed::<f32>(p, x, dqkv, layouts, &mut biases)?,
+        DType::F16 => backward_packed_typed::<f16>(p, x, dqkv, layouts, &mut biases)?,
+        DType::BF16 => backward_packed_typed::<bf16>(p, x, dqkv, layouts, &mut biases)?,
+    }
+    Ok(biases)
+}
+
+/// The zeroed gradients of the bias and of the relative-position table that `p` has.
+fn bias_grads(p: &Problem) -> Result<[Option<Tensor>; 2]> {
+    let dbias = match &p.bias {
         Some((b, _)) => Some(zeros_f32(b.shape(), "dbias")?),
         None => None,
     };
-    match p.dtype {
-        DType::F32 => backward_packed_typed::<f32>(p, x, dqkv, layouts, &mut dbias)?,
-        DType::F16 => backward_packed_typed::<f16>(p, x, dqkv, layouts, &mut dbias)?,
-        DType::BF16 => backward_packed_typed::<bf16>(p, x, dqkv, layouts, &mut dbias)?,
-    }
-    Ok(dbias)
+    let drel_bias = match &p.rel_bias {
+        Some(r) => Some(zeros_f32(r.table.shape(), "drel_bias")?),
+        None => None,
+    };
+    Ok([dbias, drel_bias])
 }
 
 fn backward_packed_typed<T: CpuElement>(
@@ -296,14 +307,15 @@ fn backward_packed_typed<T: CpuElement>(
     x: BackwardInputs<'_>,
     dqkv: &mut Tensor,
     [dq, dk, dv]: [RowLayout; 3],
-    dbias: &mut Option<Tensor>,
+    [dbias, drel_bias]: &mut [Option<Tensor>; 2],
 ) -> Result<()> {
     let whole = SharedOut::new(writable::<T>(dqkv, "dqkv")?, RowLayout::default());
     let outputs = backward::Outputs {
         dq: whole.with_layout(dq),
         dk: whole.with_layout(dk),
         dv: whole.with_layout(dv),
-        dbias: dbias_view(dbias)?,
+        dbias: dbias_view(dbias, "dbias")?,
+        drel_bias: dbias_view(drel_bias, "drel_bias")?,
     };
     backward_run::<T>(p, x, outputs)
 }
@@ -315,14 +327,7 @@ fn backward_typed<T: CpuElement>(p: &Problem, x: BackwardInputs<'_>) -> Result<G
     let mut dq = Unwritten::<T>::like(q, q.shape());
     let mut dk = Unwritten::<T>::like(k, k.shape());
     let mut dv = Unwritten::<T>::like(v, v.shape());
-    let mut dbias = match &p.bias {
-        Some((b, _)) => Some(zeros_f32(b.shape(), "dbias")?),
-        None => None,
-    };
-    let mut drel_bias = match &p.rel_bias {
-        Some(r) => Some(zeros_f32(r.table.shape(), "drel_bias")?),
-        None => None,
-    };
+    let [mut dbias, mut drel_bias] = bias_grads(p)?;
     let outputs = backward::Outputs {
         dq: dq.shared(),
         dk: dk.shared(),

@@ -176,12 +176,12 @@ impl LayerSteps for CpuSteps {
         s: &LayerShape,
         p: &Problem,
         x: BackwardInputs<'_>,
-    ) -> Result<(Tensor, Option<Tensor>)> {
+    ) -> Result<(Tensor, [Option<Tensor>; 2])> {
         let fill = if poison_outputs() { f32::NAN } else { 0.0 };
         let mut dqkv = Tensor::full(&s.rows_of(s.cols), s.dtype, fill)?;
         let layouts = s.views(&dqkv)?.map(|v| row_layout(&v));
-        let dbias = crate::cpu::backward_packed(p, x, &mut dqkv, layouts)?;
-        Ok((dqkv, dbias))
+        let biases = crate::cpu::backward_packed(p, x, &mut dqkv, layouts)?;
+        Ok((dqkv, biases))
     }
 
     fn qkv_grads(

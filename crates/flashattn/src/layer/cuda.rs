@@ -282,7 +282,7 @@ impl LayerSteps for CudaSteps {
         s: &LayerShape,
         p: &Problem,
         x: BackwardInputs<'_>,
-    ) -> Result<(Tensor, Option<Tensor>)> {
+    ) -> Result<(Tensor, [Option<Tensor>; 2])> {
         let ctx = Ctx::of(s)?;
         let dqkv = ctx.output(s.dtype, &s.rows_of(s.cols))?;
         let [dq, dk, dv] = s.views(&dqkv)?;
@@ -290,9 +290,19 @@ impl LayerSteps for CudaSteps {
             Some((b, _)) => Some(ctx.output(DType::F32, b.shape())?),
             None => None,
         };
-        let mut grads = Gradients { dq, dk, dv, dbias };
+        let drel_bias = match &p.rel_bias {
+            Some(r) => Some(ctx.output(DType::F32, r.table.shape())?),
+            None => None,
+        };
+        let mut grads = Gradients {
+            dq,
+            dk,
+            dv,
+            dbias,
+            drel_bias,
+        };
         crate::cuda::backward::backward_into(p, x, &mut grads)?;
-        Ok((dqkv, grads.dbias))
+        Ok((dqkv, [grads.dbias, grads.drel_bias]))
     }
 
     fn qkv_grads(

@@ -61,6 +61,8 @@ pub struct LayerGradients {
     pub db_o: Option<Tensor>,
     /// Gradient of the attention's bias (f32, its shape), when the call has one.
     pub dbias: Option<Tensor>,
+    /// Gradient of the attention's relative-position table (f32, its shape), when it has one.
+    pub drel_bias: Option<Tensor>,
 }
 
 /// The gradients the output projection gives: the attention's upstream gradient and those of
@@ -92,13 +94,14 @@ trait LayerSteps: Sync {
         w: &LayerWeights,
         dy: &Tensor,
     ) -> Result<OutGrads>;
-    /// The attention backward into one packed gradient buffer (and the bias gradient).
+    /// The attention backward into one packed gradient buffer (and the gradients of the bias and
+    /// the relative-position table).
     fn attention_grads(
         &self,
         s: &LayerShape,
         p: &Problem,
         x: BackwardInputs<'_>,
-    ) -> Result<(Tensor, Option<Tensor>)>;
+    ) -> Result<(Tensor, [Option<Tensor>; 2])>;
     /// The inverse rotation in place in `dqkv`, then `dx`, `dw_qkv`, `db_qkv`.
     fn qkv_grads(
         &self,
@@ -192,7 +195,7 @@ pub fn layer_backward(
     let [q, k, v] = s.views(&fwd.qkv)?;
     let x_attn = [&q, &k, &v, out, &fwd.attention.lse, &o.dout];
     let p = backward_problem(x_attn, &params.attention)?;
-    let (dqkv, dbias) = steps.attention_grads(&s, &p, x_attn)?;
+    let (dqkv, [dbias, drel_bias]) = steps.attention_grads(&s, &p, x_attn)?;
     drop((q, k, v));
     let g = steps.qkv_grads(&s, x, w, dqkv)?;
     Ok(LayerGradients {
@@ -202,5 +205,6 @@ pub fn layer_backward(
         dw_o: o.dw_o,
         db_o: o.db_o,
         dbias,
+        drel_bias,
     })
 }

@@ -81,7 +81,8 @@ pub(crate) fn options_of(p: &Problem) -> Options {
 /// The key-block kernel for `p` (`strides` of q, k, v, dout, dk, dv in elements, their
 /// `addresses` in bytes): with 16-byte-aligned rows, f16/bf16 and head dims that are multiples of
 /// 8, the Hopper one (when `hopper`: an sm_90a GPU, switch on) for padded batches with head dims
-/// up to [`WGMMA_BWD_MAX_HEAD_DIM`] (a softcap up to [`WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM`]), else the
+/// up to [`WGMMA_BWD_MAX_HEAD_DIM`] (a softcap or a relative-position table up to
+/// [`WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM`]), else the
 /// tensor-core one (when `mma` allows it) up to [`MMA_BWD_MAX_HEAD_DIM`]; else the CUDA-core one.
 /// The Hopper kernel also needs tensor maps, which the caller encodes and may fall back from.
 pub(crate) fn choose(
@@ -102,7 +103,7 @@ pub(crate) fn choose(
         return BwdKernel::General(general_bwd_tile(p.head_dim, p.head_dim_v, max_shared));
     }
     let wgmma = wgmma_bwd_tile(p.head_dim, p.head_dim_v);
-    let wgmma_max = if p.softcap.is_some() {
+    let wgmma_max = if p.softcap.is_some() || p.rel_bias.is_some() {
         WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM
     } else {
         WGMMA_BWD_MAX_HEAD_DIM
@@ -198,7 +199,7 @@ pub(crate) fn kernel_source(v: Variant) -> KernelSource {
 /// for f16/bf16 at head dims 16..=128 in steps of 16 with every option, and with none and the
 /// mask alone at 64 and 128; the key-block kernels with every option in deterministic mode too;
 /// the Hopper kernel's (sm_90a) for f16/bf16 at padded head dims 64 and 128 with none, the mask
-/// (also deterministic) and every option it takes (also deterministic: the softcap at 64 only).
+/// (also deterministic) and every option it takes (also deterministic: the softcap and the table at 64 only).
 pub fn kernel_sources() -> Vec<KernelSource> {
     let mut out = Vec::new();
     let all = Options {
@@ -257,8 +258,10 @@ pub fn kernel_sources() -> Vec<KernelSource> {
             push(t, Options::default(), false);
             push(t, mask, false);
             push(t, mask, true);
+            let small = d.max(dv) <= WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM;
             let mods = Options {
-                softcap: d.max(dv) <= WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM,
+                softcap: small,
+                rel_bias: small,
                 ..all
             };
             push(t, mods, false);
