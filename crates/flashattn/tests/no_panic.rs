@@ -181,6 +181,7 @@ fn exercise(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttentionParams, dout: &Tens
             dk: own(k, q.dtype()),
             dv: own(dout, v.dtype()),
             dbias: p.bias.as_ref().map(|b| own(b, DType::F32)),
+            drel_bias: p.rel_bias.as_ref().map(|t| own(t, DType::F32)),
         };
         let _ = backward_into(q, k, v, &f.out, &f.lse, dout, p, &mut g);
     }
