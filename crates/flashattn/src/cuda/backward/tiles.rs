@@ -181,7 +181,10 @@ mod tests {
             for dv in [8, d, WGMMA_BWD_MAX_HEAD_DIM] {
                 let t = wgmma_bwd_tile(d, dv);
                 assert!(t.shared_bytes() <= 227 * 1024, "{t:?}");
-                assert!(t.dqk % 64 == 0 && t.dv % 64 == 0 && t.dqk >= d, "{t:?}");
+                assert!(
+                    t.dqk.is_multiple_of(64) && t.dv.is_multiple_of(64) && t.dqk >= d,
+                    "{t:?}"
+                );
             }
         }
     }
