@@ -60,7 +60,7 @@ def test_other_devices_are_refused_with_a_clear_error():
         flash_attn_func(q.to("meta"), k, v)
     # The native module checks the device number itself, before any memory is touched.
     desc = lambda t, dev=-1: (t.data_ptr(), "float32", list(t.shape), list(t.stride()), dev, t)
-    opts = (None, (None, None), None, None, None, None, False)
+    opts = (None, (None, None), None, None, None, None, False, None)
     out, lse = torch.empty_like(q), torch.empty(2, 4, 7)
     with pytest.raises(ValueError, match=r"`q`: expected a tensor on the CPU \(-1\) or a GPU \(its ordinal\), got device -2"):
         native.forward((desc(q, -2), desc(k), desc(v)), (desc(out), desc(lse)), opts)
@@ -70,7 +70,7 @@ def test_other_devices_are_refused_with_a_clear_error():
 def test_cuda_without_a_gpu_is_a_runtime_error():
     q, k, v = qkv()
     desc = lambda t, dev=-1: (t.data_ptr(), "float32", list(t.shape), list(t.stride()), dev, t)
-    opts = (None, (None, None), None, None, None, None, False)
+    opts = (None, (None, None), None, None, None, None, False, None)
     out, lse = torch.empty_like(q), torch.empty(2, 4, 7)
     with pytest.raises(RuntimeError, match="q: no CUDA driver"):
         native.forward((desc(q, 0), desc(k), desc(v)), (desc(out), desc(lse)), opts)
