@@ -1,6 +1,9 @@
 """The oracle of the tests: attention straight from its definition, softmax(Q·Kᵀ·scale + mods)·V
 with FlashAttention-2's conventions, in whatever dtype its inputs have (float64 for the oracle,
-the inputs' own dtype for the plain implementation whose error sets the tolerances)."""
+the inputs' own dtype for the plain implementation whose error sets the tolerances). Its backward
+forms dS = P∘(dP − D) with D = rowsum(dO∘O), FlashAttention's identity, as the kernels do: where the
+textbook rowsum(P∘dP) cancels exactly (a row that sees one key), D still differs from dP by the
+roundings of two sums, and so do the kernels' gradients."""
 
 import math
 
@@ -35,8 +38,25 @@ def attention(q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.0, a
     s = torch.where(visible, s, float("-inf"))
     lse = torch.where(seen[:, 0], torch.logsumexp(torch.where(seen, s, 0.0), -1), float("-inf"))
     lse = lse.expand(q.shape[0], h, nq)
-    p = torch.softmax(torch.where(seen, s, 0.0), -1) * seen
-    return torch.einsum("bhij,bjhd->bihd", p, v), lse
+    return SoftmaxV.apply(torch.where(seen, s, 0.0), seen, v), lse
+
+
+class SoftmaxV(torch.autograd.Function):
+    """softmax(s)·V over the rows ``seen`` marks (0 elsewhere), differentiated as FlashAttention does."""
+
+    @staticmethod
+    def forward(ctx, s, seen, v):
+        p = torch.softmax(s, -1) * seen
+        o = torch.einsum("bhij,bjhd->bihd", p, v)
+        ctx.save_for_backward(p, v, o)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        p, v, o = ctx.saved_tensors
+        dp = torch.einsum("bihd,bjhd->bhij", do, v)
+        d = torch.einsum("bihd,bihd->bhi", do, o)[..., None]
+        return p * (dp - d), None, torch.einsum("bhij,bihd->bjhd", p, do)
 
 
 def max_err(a, b):

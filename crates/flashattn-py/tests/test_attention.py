@@ -79,7 +79,7 @@ def test_options(name, dtype):
 REL_BIAS = [
     (65, 130, 4, 2, 5, {"causal": True}),
     (130, 65, 3, 1, 200, {"window_size": (20, 3), "softcap": 3.0, "alibi_slopes": "heads", "bias": True}),
-    (7, 7, 2, 2, 1, {}),
+    (7, 7, 2, 2, 2, {}),
 ]
 
 

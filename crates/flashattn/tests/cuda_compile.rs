@@ -1,17 +1,21 @@
-//! Compiles every CUDA kernel variant with NVRTC to PTX for sm_80 (the oldest GPU they run on; the
-//! sources have no arch-conditional code, so sm_80 is the strict target, and the GPU tests compile
-//! what they reach for the device's arch), and the Hopper-only variants
-//! (`KernelSource::hopper_only`) for sm_90a, through ptxas, which must neither serialize their
-//! wgmma nor spill. Needs libnvrtc but no GPU, so CI runs it; without libnvrtc it prints a note and passes, unless
-//! `FLASHATTN_REQUIRE_NVRTC=1` (set by `.ci/run`), which makes a missing NVRTC a failure.
+//! Every CUDA kernel variant through NVRTC without a GPU (needs libnvrtc; without it a printed
+//! note and a pass, unless `FLASHATTN_REQUIRE_NVRTC=1`, set by `.ci/run`, makes that a failure):
+//! - every variant but the Hopper-only ones through the front end for sm_80 (the oldest GPU they
+//!   run on; the sources have no arch-conditional code, so sm_80 is the strict target), and the
+//!   first and last variant of each family (a kernel, dtype and option set, whatever the tile)
+//!   through the whole compile to PTX; the GPU tests build what they reach for the device's arch;
+//! - the Hopper-only variants (`KernelSource::hopper_only`) for sm_90a, through ptxas, which must
+//!   neither serialize their wgmma nor spill, and (with `cuobjdump` on PATH) SASS with HGMMA and
+//!   no local-memory instruction.
 #![cfg(feature = "cuda")]
 
 mod nvrtc_support;
 
 use flashattn::cuda::{self, KernelSource};
 use flashattn::{Device, Error, Tensor};
-use nvrtc_support::{nvrtc_here, ptxas_faults};
+use nvrtc_support::{cuobjdump, nvrtc_here, ptxas_faults, sass_faults};
 use rayon::prelude::*;
+use std::collections::BTreeMap;
 
 /// The architecture every variant but the Hopper-only ones must compile for.
 const ARCH: &str = "sm_80";
@@ -36,17 +40,21 @@ fn every_kernel_variant_compiles_for_sm80() {
     }
     // NVRTC programs are independent: compile on every core (hundreds of variants). The Hopper-only
     // ones go through ptxas in `hopper_variants_neither_serialize_wgmma_nor_spill`.
-    let jobs: Vec<(&KernelSource, &str)> = sources
-        .iter()
-        .filter(|s| !s.hopper_only)
-        .map(|s| (s, ARCH))
-        .collect();
+    let checked: Vec<&KernelSource> = sources.iter().filter(|s| !s.hopper_only).collect();
     let t0 = std::time::Instant::now();
-    let results: Vec<(String, std::result::Result<String, String>)> = jobs
+    let mut failures: Vec<String> = checked
         .par_iter()
-        .map(|&(src, arch)| {
+        .filter_map(|src| cuda::check_syntax(src, ARCH).err())
+        .map(|e| e.to_string())
+        .collect();
+    let front_end = t0.elapsed().as_secs_f64();
+    let t0 = std::time::Instant::now();
+    let full = family_ends(&checked);
+    let results: Vec<(String, std::result::Result<String, String>)> = full
+        .par_iter()
+        .map(|src| {
             let t = std::time::Instant::now();
-            let r = match cuda::compile_ptx(src, arch) {
+            let r = match cuda::compile_ptx(src, ARCH) {
                 Ok(ptx) if ptx.contains(&format!(".entry {}(", src.entry)) => Ok(format!(
                     "{:>7.1} ms {:>8} bytes of PTX",
                     t.elapsed().as_secs_f64() * 1e3,
@@ -55,10 +63,9 @@ fn every_kernel_variant_compiles_for_sm80() {
                 Ok(_) => Err(format!("PTX has no entry `{}`", src.entry)),
                 Err(e) => Err(e.to_string()),
             };
-            (format!("{:<56} {arch:<7}", src.name), r)
+            (format!("{:<56} {ARCH:<7}", src.name), r)
         })
         .collect();
-    let mut failures = Vec::new();
     for (what, r) in results {
         match r {
             Ok(line) => println!("{what} {line}"),
@@ -66,13 +73,43 @@ fn every_kernel_variant_compiles_for_sm80() {
         }
     }
     println!(
-        "{} variants ({} sm_90a only, compiled by the Hopper test), {} compiles in {:.1} s",
+        "{} variants ({} sm_90a only, compiled by the Hopper test): {} through the front end in \
+         {front_end:.1} s, {} to PTX in {:.1} s",
         sources.len(),
-        sources.iter().filter(|s| s.hopper_only).count(),
-        jobs.len(),
+        sources.len() - checked.len(),
+        checked.len(),
+        full.len(),
         t0.elapsed().as_secs_f64()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// The first and last variant (in name order) of each family: the name without its tile and head
+/// dim parts, the tokens with a digit (`fwd_mma_bf16_d128x128_128x64w4_mask` is `fwd_mma_bf16_mask`).
+fn family_ends<'a>(sources: &[&'a KernelSource]) -> Vec<&'a KernelSource> {
+    let mut families: BTreeMap<String, Vec<&KernelSource>> = BTreeMap::new();
+    for &src in sources {
+        let family: Vec<&str> = src
+            .name
+            .split('_')
+            .filter(|t| {
+                !t.contains(|c: char| c.is_ascii_digit())
+                    || *t == "f16"
+                    || *t == "bf16"
+                    || *t == "f32"
+            })
+            .collect();
+        families.entry(family.join("_")).or_default().push(src);
+    }
+    let mut ends = Vec::new();
+    for mut members in families.into_values() {
+        members.sort_by(|a, b| a.name.cmp(&b.name));
+        ends.push(members[0]);
+        if members.len() > 1 {
+            ends.push(members[members.len() - 1]);
+        }
+    }
+    ends
 }
 
 #[test]
@@ -85,14 +122,25 @@ fn hopper_variants_neither_serialize_wgmma_nor_spill() {
         .filter(|s| s.hopper_only)
         .collect();
     assert!(!sources.is_empty(), "no Hopper variants listed");
+    let tool = cuobjdump();
     let faults: Vec<String> = sources
         .par_iter()
         .flat_map(|src| match cuda::ptxas_report(src, "sm_90a") {
-            Ok(log) => ptxas_faults(&src.name, &log),
+            Ok((cubin, log)) => {
+                let mut faults = ptxas_faults(&src.name, &log);
+                if let Some(tool) = &tool {
+                    faults.extend(sass_faults(tool, &src.name, &cubin));
+                }
+                faults
+            }
             Err(e) => vec![format!("{}: {e}", src.name)],
         })
         .collect();
-    println!("{} Hopper variants checked", sources.len());
+    let sass = match tool {
+        Some(_) => "their SASS too",
+        None => "not their SASS (no cuobjdump on PATH)",
+    };
+    println!("{} Hopper variants checked, {sass}", sources.len());
     assert!(faults.is_empty(), "{}", faults.join("\n"));
 }
 

@@ -6,7 +6,8 @@
 //! (imm-trans-b), by RS (P packed from the accumulator layout) and by SS (P by TMA).
 //!
 //! Without a GPU: every variant compiles for sm_90a and ptxas reports no serialized wgmma and no
-//! spills (needs libnvrtc; `FLASHATTN_REQUIRE_NVRTC=1` makes its absence a failure). With a GPU of
+//! spills, and (with cuobjdump on PATH) their SASS has HGMMA and no local memory (needs libnvrtc;
+//! `FLASHATTN_REQUIRE_NVRTC=1` makes its absence a failure). With a GPU of
 //! compute capability 9.0: `cargo test --release --test cuda_hopper -- --include-ignored` checks
 //! the products against an f64 one (other GPUs: skipped with a note).
 #![cfg(feature = "cuda")]
@@ -19,8 +20,9 @@ use std::mem::MaybeUninit;
 use cudarc::driver::{CudaContext, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, sys};
 use cudarc::nvrtc::Ptx;
 use flashattn::cuda::{self, KernelSource};
-use nvrtc_support::{nvrtc_here, ptxas_faults};
+use nvrtc_support::{cuobjdump, nvrtc_here, ptxas_faults, sass_faults};
 use rand::{RngExt, SeedableRng, rngs::StdRng};
+use rayon::prelude::*;
 
 /// The 16-bit element types wgmma takes here.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -92,21 +94,28 @@ fn hopper_kernels_compile_for_sm90a_with_no_serialized_wgmma() {
     if !nvrtc_here() {
         return;
     }
-    let mut failures = Vec::new();
-    for (h, n, k) in variants() {
-        let src = source(h, n, k);
-        assert!(!src.code.contains("#include"), "{}", src.name);
-        let ptx = cuda::compile_ptx(&src, "sm_90a").expect("compiles for sm_90a");
-        for form in FORMS {
-            let entry = format!("hopper_test_{form}");
-            if !ptx.contains(&format!(".entry {entry}(")) {
-                failures.push(format!("{}: PTX has no entry {entry}", src.name));
+    let tool = cuobjdump();
+    let failures: Vec<String> = variants()
+        .par_iter()
+        .flat_map(|&(h, n, k)| {
+            let src = source(h, n, k);
+            assert!(!src.code.contains("#include"), "{}", src.name);
+            let (cubin, log) = cuda::ptxas_report(&src, "sm_90a").expect("compiles for sm_90a");
+            println!("== {}\n{}", src.name, log.trim_end());
+            // ptxas -v names each entry it assembles.
+            let mut failures: Vec<String> = FORMS
+                .iter()
+                .map(|form| format!("hopper_test_{form}"))
+                .filter(|entry| !log.contains(&format!("'{entry}'")))
+                .map(|entry| format!("{}: ptxas built no entry {entry}", src.name))
+                .collect();
+            failures.extend(ptxas_faults(&src.name, &log));
+            if let Some(tool) = &tool {
+                failures.extend(sass_faults(tool, &src.name, &cubin));
             }
-        }
-        let log = cuda::ptxas_report(&src, "sm_90a").expect("ptxas report");
-        println!("== {}\n{}", src.name, log.trim_end());
-        failures.extend(ptxas_faults(&src.name, &log));
-    }
+            failures
+        })
+        .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

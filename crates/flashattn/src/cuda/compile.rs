@@ -86,6 +86,8 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
 enum Output {
     Ptx,
     Cubin,
+    /// Nothing: the front end's checks only (`-fdevice-syntax-only`).
+    Nothing,
 }
 
 /// Compiles `src` for `arch` with `extra` options after the usual ones; returns the PTX or the
@@ -176,6 +178,7 @@ unsafe fn compile_program(
                 .map_err(|e| format!("nvrtcGetCUBIN: {e:?}"))?;
             bin
         }
+        Output::Nothing => Vec::new(),
     };
     Ok((bytes, log))
 }
@@ -188,11 +191,16 @@ pub fn compile_ptx(src: &KernelSource, arch: &str) -> Result<String> {
 }
 
 /// Compiles `src` to a cubin for `arch` (a real architecture, e.g. `sm_90a`) with ptxas's verbose
-/// report (`--ptxas-options=-v`) and returns NVRTC's log: registers, spills, and warnings such as
-/// wgmma serialization (C7515). Needs libnvrtc but no GPU; nothing is cached.
-pub fn ptxas_report(src: &KernelSource, arch: &str) -> Result<String> {
-    let (_, log) = nvrtc_compile(src, arch, Output::Cubin, &["--ptxas-options=-v"])?;
-    Ok(log)
+/// report (`--ptxas-options=-v`) and returns the cubin and NVRTC's log: registers, spills, and
+/// warnings such as wgmma serialization (C7515). Needs libnvrtc but no GPU; nothing is cached.
+pub fn ptxas_report(src: &KernelSource, arch: &str) -> Result<(Vec<u8>, String)> {
+    nvrtc_compile(src, arch, Output::Cubin, &["--ptxas-options=-v"])
+}
+
+/// Runs only NVRTC's front end on `src` for `arch` (`-fdevice-syntax-only`): the C++ checks of
+/// the whole translation unit, in a twentieth of a full compile. Needs libnvrtc but no GPU.
+pub fn check_syntax(src: &KernelSource, arch: &str) -> Result<()> {
+    nvrtc_compile(src, arch, Output::Nothing, &["-fdevice-syntax-only"]).map(|_| ())
 }
 
 /// 128-bit FNV-1a over length-prefixed parts: stable across builds and platforms.

@@ -22,8 +22,8 @@ pub(crate) mod tensor_map;
 pub(crate) mod tile_config;
 
 pub use compile::{
-    CompileRecord, KernelSource, cache_dir, compile_ptx, compile_records, measure_compile,
-    nvrtc_version, ptxas_report,
+    CompileRecord, KernelSource, cache_dir, check_syntax, compile_ptx, compile_records,
+    measure_compile, nvrtc_version, ptxas_report,
 };
 pub use device::{MemoryUse, device_count, memory_use, reset_memory_peak};
 pub use foreign::{DeviceMemory, on_stream};

@@ -1,5 +1,9 @@
 //! Whether the NVRTC-only tests can run here: CI (`FLASHATTN_REQUIRE_NVRTC=1`) requires it,
-//! elsewhere its absence is a printed note; and what a Hopper build's ptxas report must not show.
+//! elsewhere its absence is a printed note; and what a Hopper build's ptxas report and SASS must
+//! not show.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use flashattn::cuda;
 
@@ -32,6 +36,53 @@ pub fn ptxas_faults(name: &str, log: &str) -> Vec<String> {
         if !line.contains("0 bytes spill stores, 0 bytes spill loads") {
             faults.push(format!("{name}: {line}"));
         }
+    }
+    faults
+}
+
+/// `cuobjdump` when it is on PATH (the SASS checks need it).
+pub fn cuobjdump() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("cuobjdump"))
+        .find(|tool| tool.is_file())
+}
+
+/// What the SASS of the wgmma build `cubin` of `name` shows that it must not: no HGMMA at all, or
+/// local-memory instructions (LDL, STL).
+pub fn sass_faults(tool: &Path, name: &str, cubin: &[u8]) -> Vec<String> {
+    let file = std::env::temp_dir().join(format!("flashattn-{}-{name}.cubin", std::process::id()));
+    if let Err(e) = std::fs::write(&file, cubin) {
+        return vec![format!("{name}: cannot write {}: {e}", file.display())];
+    }
+    let run = Command::new(tool).arg("-sass").arg(&file).output();
+    let _ = std::fs::remove_file(&file);
+    let sass = match run {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).into_owned(),
+        Ok(out) => {
+            return vec![format!(
+                "{name}: cuobjdump: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )];
+        }
+        Err(e) => return vec![format!("{name}: cuobjdump: {e}")],
+    };
+    let mut faults = Vec::new();
+    if !sass.contains("HGMMA") {
+        faults.push(format!("{name}: no HGMMA in the SASS"));
+    }
+    let local = sass
+        .split_whitespace()
+        .filter(|t| {
+            ["LDL", "STL"]
+                .iter()
+                .any(|op| t == op || t.starts_with(&format!("{op}.")))
+        })
+        .count();
+    if local > 0 {
+        faults.push(format!(
+            "{name}: {local} local-memory instructions in the SASS"
+        ));
     }
     faults
 }
