@@ -11,6 +11,8 @@
 //!   MQA/GQA, packed variable-length batches, head dims 1..=512 (V's may differ).
 //! * [`layer_forward`] and [`layer_backward`]: the fused attention layer (QKV projection, rotary
 //!   embedding, attention, output projection) built on them.
+//! * [`linear_forward`] and [`linear_backward`]: linear attention (a feature map instead of the
+//!   softmax), the O(N) alternative.
 //! * [`mod@reference`] holds the f64 oracle and the "standard attention" baseline that the tests and
 //!   benchmarks measure against.
 
@@ -32,6 +34,7 @@ pub mod dtype;
 pub mod error;
 mod host_buf;
 pub mod layer;
+pub mod linear;
 pub mod mask;
 mod outputs;
 pub mod params;
@@ -48,6 +51,7 @@ pub use half;
 pub use host_buf::set_huge_pages;
 pub use layer::params::{LayerParams, LayerWeights, Rope, RopeStyle};
 pub use layer::{LayerGradients, LayerOutput, layer_backward, layer_forward};
+pub use linear::{FeatureMap, LinearGradients, LinearParams, linear_backward, linear_forward};
 pub use mask::{Mask, Window};
 pub use outputs::{ForwardOutput, Gradients};
 pub use params::{AttentionParams, VarLen};
