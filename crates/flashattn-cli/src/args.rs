@@ -452,6 +452,55 @@ pub struct RunArgs {
     /// The fused layer's options (with tensor `x`).
     #[command(flatten)]
     pub layer: LayerArgs,
+    /// Which attention: softmax (flash) or linear.
+    #[command(flatten)]
+    pub linear: LinearArgs,
+}
+
+/// The attention `flashattn run` computes.
+#[derive(ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KindArg {
+    /// Exact softmax attention (FlashAttention).
+    #[default]
+    Flash,
+    /// Linear attention: φ(q)·Σφ(k)vᵀ / (φ(q)·Σφ(k) + eps).
+    Linear,
+}
+
+/// Linear attention's feature map φ.
+#[derive(ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FeatureMapArg {
+    /// elu(x) + 1.
+    #[default]
+    Elu1,
+    /// max(x, 0).
+    Relu,
+}
+
+/// Options of `flashattn run` for linear attention.
+#[derive(Args, Debug, Clone, Default)]
+pub struct LinearArgs {
+    /// flash (softmax attention) or linear (q, k, v, dout in; out, dq, dk, dv out; no lse).
+    #[arg(long, value_enum, default_value_t)]
+    pub kind: KindArg,
+    /// Linear attention: the feature map (default elu1).
+    #[arg(long, value_enum)]
+    pub feature_map: Option<FeatureMapArg>,
+    /// Linear attention: added to each denominator (default 1e-6; finite and > 0).
+    #[arg(long, value_name = "E")]
+    pub linear_eps: Option<f64>,
+}
+
+impl LinearArgs {
+    /// The first linear-attention option given, as the command line spells it.
+    pub fn first_given(&self) -> Option<&'static str> {
+        [
+            (self.feature_map.is_some(), "--feature-map"),
+            (self.linear_eps.is_some(), "--linear-eps"),
+        ]
+        .into_iter()
+        .find_map(|(given, name)| given.then_some(name))
+    }
 }
 
 /// The rotary embedding conventions.

@@ -12,6 +12,7 @@ mod device;
 mod inputs;
 mod json;
 mod layer_run;
+mod linear_run;
 mod memory;
 mod output;
 mod plot;

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use flashattn::{AttentionParams, DType, Tensor};
 
-use super::args::{Layout, RunArgs};
+use super::args::{KindArg, Layout, RunArgs};
 use super::tensor_files::{self, Data, NamedTensor};
 use super::{CliResult, device, fail, output};
 
@@ -242,6 +242,20 @@ fn prepare(f: &FileInputs, mask: &AttentionParams) -> CliResult<Prepared> {
     })
 }
 
+/// q, k, v and dout (the file holds no other tensor) in the logical layout, and their dtype.
+pub(super) fn qkv_inputs(
+    tensors: &[NamedTensor],
+    layout: Layout,
+) -> CliResult<(Tensor, Tensor, Tensor, Option<Tensor>, DType)> {
+    let file = FileInputs {
+        tensors,
+        layout,
+        varlen: false,
+    };
+    let x = prepare(&file, &AttentionParams::default())?;
+    Ok((x.q, x.k, x.v, x.dout, x.dtype))
+}
+
 /// An input that must be f32 (the ALiBi slopes, the relative-position table) as a tensor.
 fn f32_tensor(t: &NamedTensor) -> CliResult<Tensor> {
     if !matches!(t.data, Data::F32(_)) {
@@ -314,6 +328,14 @@ pub fn run(a: &RunArgs) -> CliResult<()> {
         return Err(fail(format!(
             "tensor `{missing}` is missing: packed varlen input needs both cu_seqlens_q and \
              cu_seqlens_k (int32, batch + 1 entries)"
+        )));
+    }
+    if a.linear.kind == KindArg::Linear {
+        return super::linear_run::run(a, &tensors, out_format);
+    }
+    if let Some(opt) = a.linear.first_given() {
+        return Err(fail(format!(
+            "{opt} is an option of linear attention: add --kind linear"
         )));
     }
     if has("x") {
