@@ -125,13 +125,33 @@ pub(super) fn forward(
         .collect();
     let mut out = vec![0.0f32; sh.b * sh.nq * sh.h * sh.dv];
     for (b, kh, part) in parts {
-        let heads = group(&sh, kh);
-        for i in 0..sh.nq {
-            let src = &part[i * heads.len() * sh.dv..][..heads.len() * sh.dv];
-            out[((b * sh.nq + i) * sh.h + heads.start) * sh.dv..][..src.len()].copy_from_slice(src);
-        }
+        place(
+            &mut out,
+            &part,
+            (b, sh.nq, sh.h),
+            group(&sh, kh).start,
+            sh.dv,
+        );
     }
     out
+}
+
+/// Copies a task's rows `part` (`rows` of them, consecutive heads of `width` each) into `dst`
+/// `[batch, rows, heads, width]` of batch `b`, from head `head0` on.
+fn place(
+    dst: &mut [f32],
+    part: &[f32],
+    (b, rows, heads): (usize, usize, usize),
+    head0: usize,
+    width: usize,
+) {
+    if rows == 0 {
+        return;
+    }
+    let len = part.len() / rows;
+    for (i, src) in part.chunks_exact(len).enumerate() {
+        dst[((b * rows + i) * heads + head0) * width..][..len].copy_from_slice(src);
+    }
 }
 
 /// dq `[b, nq, h, d]`, dk `[b, nk, hk, d]` and dv `[b, nk, hk, dv]`.
@@ -152,17 +172,9 @@ pub(super) fn backward(
     let mut dv = vec![0.0f32; sh.b * sh.nk * sh.hk * sh.dv];
     for (task, (pq, pk, pv)) in parts.into_iter().enumerate() {
         let (b, kh) = (task / sh.hk, task % sh.hk);
-        let heads = group(&sh, kh);
-        for i in 0..sh.nq {
-            let src = &pq[i * heads.len() * sh.d..][..heads.len() * sh.d];
-            dq[((b * sh.nq + i) * sh.h + heads.start) * sh.d..][..src.len()].copy_from_slice(src);
-        }
-        for j in 0..sh.nk {
-            dk[((b * sh.nk + j) * sh.hk + kh) * sh.d..][..sh.d]
-                .copy_from_slice(&pk[j * sh.d..][..sh.d]);
-            dv[((b * sh.nk + j) * sh.hk + kh) * sh.dv..][..sh.dv]
-                .copy_from_slice(&pv[j * sh.dv..][..sh.dv]);
-        }
+        place(&mut dq, &pq, (b, sh.nq, sh.h), group(&sh, kh).start, sh.d);
+        place(&mut dk, &pk, (b, sh.nk, sh.hk), kh, sh.d);
+        place(&mut dv, &pv, (b, sh.nk, sh.hk), kh, sh.dv);
     }
     (dq, dk, dv)
 }
