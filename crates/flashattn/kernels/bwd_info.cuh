@@ -88,12 +88,21 @@ __device__ __forceinline__ void add_bias_grads(const BwdParams& bp, const SeqInf
 #endif
 }
 
-// P of query `i`, key `j` (seen) from the raw dot product, the row's LSE·log2(e) `lse2` and the
-// score mods, into *pr; returns dS = P∘(dP − D) times the softcap's factor. The biases' gradients
-// (dS before that factor) are summed here by atomics unless the deterministic pass does it.
-__device__ __forceinline__ float bwd_p_ds(const BwdParams& bp, const SeqInfo& s, float dot, float dp, int i, int j,
-                                          float lse2, float delta, float slope, float* pr) {
+// P of query `i`, key `j` from the raw dot product, the row's LSE·log2(e) `lse2` and the score
+// mods, into *pr; returns dS = P∘(dP − D) times the softcap's factor. An element the mask hides
+// (`seen` false) gets 0 for both, computed without a branch (so the compiler keeps a step's
+// elements in straight-line code) except where a bias would be read outside the problem. The
+// biases' gradients (dS before the softcap's factor) are summed here by atomics unless the
+// deterministic pass does it.
+__device__ __forceinline__ float bwd_p_ds(const BwdParams& bp, const SeqInfo& s, bool seen, float dot, float dp,
+                                          int i, int j, float lse2, float delta, float slope, float* pr) {
     const FlashParams& p = bp.f;
+#if HAS_BIAS || HAS_REL_BIAS
+    if (!seen) {
+        *pr = 0.f;
+        return 0.f;
+    }
+#endif
 #if HAS_SOFTCAP
     // One tanh for the score and the softcap's factor 1 - tanh^2.
     const float th = tanhf(dot * p.scale / p.softcap);
@@ -104,12 +113,13 @@ __device__ __forceinline__ float bwd_p_ds(const BwdParams& bp, const SeqInfo& s,
 #else
     const float x = dot * p.scale_log2, grad = 1.f;
 #endif
-    *pr = fast_exp2(x - lse2);
-    const float ds = *pr * (dp - delta);
+    const float e = fast_exp2(x - lse2);
+    const float ds = e * (dp - delta);
 #if !DETERMINISTIC
-    add_bias_grads(bp, s, i, j, ds);
+    if (seen) add_bias_grads(bp, s, i, j, ds);
 #endif
-    return ds * grad;
+    *pr = seen ? e : 0.f;
+    return seen ? ds * grad : 0.f;
 }
 
 // The deterministic dQ pass's partial bias gradient of query block `blk`, key `j`.

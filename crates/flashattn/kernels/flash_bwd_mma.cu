@@ -169,9 +169,9 @@ extern "C" __global__ void __launch_bounds__(NT) flash_bwd_mma(const BwdParams b
             for (int e = 0; e < 4; ++e) {
                 const int r = 8 * n + 2 * t + (e & 1), i = i0 + r;
                 const int j = j0 + kw0 + g + 8 * (e >> 1);
-                float pr = 0.f, ds = 0.f;
-                if (sL[r] != NEG_INF && (full || (r < nqb && visible(p, s, i, j))))
-                    ds = bwd_p_ds(bp, s, st[n][e], dpt[n][e], i, j, sL[r], sD[r], slope, &pr);
+                const bool seen = (sL[r] != NEG_INF) & (full | ((r < nqb) & visible(p, s, i, j)));
+                float pr;
+                const float ds = bwd_p_ds(bp, s, seen, st[n][e], dpt[n][e], i, j, sL[r], sD[r], slope, &pr);
                 st[n][e] = pr;
                 dpt[n][e] = ds;
                 sdS[r * PS + kw0 + g + 8 * (e >> 1)] = from_f32(ds);

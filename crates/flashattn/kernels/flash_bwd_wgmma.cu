@@ -127,7 +127,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #pragma unroll
     for (int x = 0; x < DV / 2; ++x) dv[x] = 0.f;
 #if !DETERMINISTIC
-    const bool reducer = wg == 0 && warp == 0;  // the warp that issues dQ's bulk reductions
+    // Each consumer warp issues the bulk reductions of 8 of dQ's 64 rows, from lanes 0..7.
+    const int red_row = 8 * (4 * wg + warp) + lane;
+    const bool reducer = lane < 8;
 #endif
     mbarrier_wait(full_kv, 0);
 
@@ -161,17 +163,24 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         // Element x: key j0 + kw + 16 warp + g + 8 ((x >> 1) & 1), query i0 + 8 (x >> 2) + 2t + (x & 1).
         const float slope = alibi_slope(p, s);
         const bool full_step = i0 + BQB <= s.nq && block_is_full(p, s, i0, i0 + BQB, j0, BKB);
+        // Steps whose rows all see all of the block's keys (most of them) skip the mask.
+        auto p_ds = [&](const bool masked) {  // inlined twice, once per value
 #pragma unroll
-        for (int x = 0; x < BQB / 2; ++x) {
-            const int r = 8 * (x >> 2) + 2 * t + (x & 1), i = i0 + r;
-            const int j = j0 + kw + 16 * warp + g + 8 * ((x >> 1) & 1);
-            const float lse2 = rows[r];
-            float pr = 0.f, ds = 0.f;
-            if (lse2 != NEG_INF && (full_step || (i < s.nq && visible(p, s, i, j))))
-                ds = bwd_p_ds(bp, s, sa[x], dpa[x], i, j, lse2, rows[BQB + r], slope, &pr);
-            sa[x] = pr;
-            dpa[x] = ds;
-        }
+            for (int x = 0; x < BQB / 2; ++x) {
+                const int r = 8 * (x >> 2) + 2 * t + (x & 1), i = i0 + r;
+                const int j = j0 + kw + 16 * warp + g + 8 * ((x >> 1) & 1);
+                const float lse2 = rows[r];
+                bool seen = lse2 != NEG_INF;
+                if (masked) seen &= (i < s.nq) & visible(p, s, i, j);
+                float pr;
+                dpa[x] = bwd_p_ds(bp, s, seen, sa[x], dpa[x], i, j, lse2, rows[BQB + r], slope, &pr);
+                sa[x] = pr;
+            }
+        };
+        if (full_step)
+            p_ds(false);
+        else
+            p_ds(true);
         u32 pp[BQB / 16][4], pds[BQB / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BQB / 16; ++kk)
@@ -241,11 +250,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         if (!DQ_SPLIT_COLS && wg == 0) bar_arrive(DQ_HALF, CONSUMERS);
         fence_proxy_async();
         bar_sync(DQ_FULL, CONSUMERS);
-        if (reducer) {
-            for (int r = lane; r < BQB && i0 + r < s.nq; r += 32)
-                bulk_reduce_add_f32(accum_row(bp, s, i0 + r), sdQ + r * DQ_PITCH * 4, p.head_dim * 4);
-            bulk_commit();
-        }
+        if (reducer && i0 + red_row < s.nq)
+            bulk_reduce_add_f32(accum_row(bp, s, i0 + red_row), sdQ + red_row * DQ_PITCH * 4, p.head_dim * 4);
+        bulk_commit();
 #endif
     }
 
