@@ -11,7 +11,7 @@ struct BwdParams {
     elem_t* dv;
     float* dbias;     // f32, contiguous in the bias' shape
     float* delta;     // D per query row, indexed like the LSE
-    float* dq_accum;  // f32 [query rows][heads_q][head_dim] (rows packed like q's)
+    float* dq_accum;  // f32 [query rows][heads_q][accum_pitch] (rows packed like q's)
     i64 dout_batch, dout_row, dout_head;
     i64 dq_batch, dq_row, dq_head;
     i64 dk_batch, dk_row, dk_head;
@@ -29,6 +29,7 @@ struct BwdParams {
     // Deterministic mode: the dQ pass's partial table gradients [batch][heads_q][query block][width].
     float* drel_part;
     i64 drel_len, drel_part_len, drel_blocks;  // elements of drel_bias and drel_part, query blocks
+    i64 accum_pitch;  // elements of a dq_accum row: head_dim rounded up to 4 (16 bytes, for TMA)
 };
 
 // Row `i` of this (batch, head) in dout, dq, and its f32 dQ accumulator.
@@ -40,7 +41,7 @@ __device__ __forceinline__ elem_t* dq_row(const BwdParams& bp, const SeqInfo& s,
 }
 __device__ __forceinline__ float* accum_row(const BwdParams& bp, const SeqInfo& s, int i) {
     const FlashParams& p = bp.f;
-    return bp.dq_accum + s.b * bp.accum_batch + ((i64)(s.q_row0 + i) * p.heads_q + s.h) * p.head_dim;
+    return bp.dq_accum + s.b * bp.accum_batch + ((i64)(s.q_row0 + i) * p.heads_q + s.h) * bp.accum_pitch;
 }
 
 // The first dK and dV rows of this sequence's key/value head.

@@ -8,12 +8,13 @@
 //   Pᵀ = exp(Sᵀ − lse), dSᵀ = Pᵀ∘(dPᵀ − D)   on the accumulators (bwd_p_ds)
 //   dV += Pᵀ·dO, dK += dSᵀ·Q          wgmma RS (Pᵀ, dSᵀ packed to 16 bits; dO, Q MN-major)
 //   dQ = dS·K                         wgmma SS from dSᵀ in shared memory (MN-major A), the f32
-//                                     tile added to dq_accum by bulk reductions a row
+//                                     tile added to dq_accum by TMA reductions (one a 32 columns)
 // In deterministic mode dQ and the bias gradient are left to flash_bwd_dq.
 //
 // Defines: ELEM_BF16 or ELEM_F16; DQK, DV in {64, 128} (head dims padded to 64); STAGES >= 2;
 // DETERMINISTIC; the option flags of mask.cuh. Parameters: BwdParams, then the tensor maps of Q, K,
-// V and dO (rank 4 as the forward's; boxes of 64 × BQB rows for Q and dO, 64 × BKB for K and V).
+// V and dO (rank 4 as the forward's; boxes of 64 × BQB rows for Q and dO, 64 × BKB for K and V)
+// and of dq_accum (f32, boxes of 32 columns × BQB rows; unused in deterministic mode).
 // Grid (key blocks, key/value heads, batch); 384 threads; WGMMA_BWD_SMEM bytes of shared memory.
 
 #define NWG 2
@@ -26,9 +27,9 @@
 #define K_BYTES (BKB * DQK * 2)
 #define V_BYTES (BKB * DV * 2)
 #define DS_BYTES (BKB * BQB * 2)
-// dQ's f32 tile; rows 16 bytes longer than the head dim so the accumulators' stores spread over banks.
-#define DQ_PITCH (DQK + 4)
-#define DQ_BYTES (BQB * DQ_PITCH * 4)
+// dQ's f32 tile as TMA reads it: blocks of 32 columns (128-byte rows, swizzled) of BQB rows each.
+#define DQ_BLOCK_BYTES (BQB * 128)
+#define DQ_BYTES (DQK / 32 * DQ_BLOCK_BYTES)
 #define ROWS_BYTES (2 * BQB * 4)  // a slot's LSE·log2(e) and D
 // The consumers share dQ by columns at head dim 128 (64 each), by keys at 64 (then summed).
 #define DQ_SPLIT_COLS (DQK >= 128)
@@ -46,7 +47,7 @@
 extern "C" __global__ void __launch_bounds__(NT, 1)
     flash_bwd_wgmma(const __grid_constant__ BwdParams bp, const __grid_constant__ TmaMap tq,
                     const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv,
-                    const __grid_constant__ TmaMap tdo) {
+                    const __grid_constant__ TmaMap tdo, const __grid_constant__ TmaMap tdq) {
     extern __shared__ __align__(1024) unsigned char smem[];
     const u32 base = smem_addr(smem);
     const u32 sK = (base + 1023) & ~1023u;
@@ -127,9 +128,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #pragma unroll
     for (int x = 0; x < DV / 2; ++x) dv[x] = 0.f;
 #if !DETERMINISTIC
-    // Each consumer warp issues the bulk reductions of 8 of dQ's 64 rows, from lanes 0..7.
-    const int red_row = 8 * (4 * wg + warp) + lane;
-    const bool reducer = lane < 8;
+    const bool reducer = tid == 0;  // the thread that issues dQ's reductions
 #endif
     mbarrier_wait(full_kv, 0);
 
@@ -234,11 +233,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         if (lane == 0) mbarrier_arrive(empty(st));  // Q, dO, LSE and D of this slot are read
 #if !DETERMINISTIC
         // dQ's tile: query row 16 warp + g + 8 ((x >> 1) & 1), column 8 (x >> 2) + 2t + (x & 1).
-        float* dqs = (float*)at(sdQ) + (DQ_SPLIT_COLS ? wg * DQ_N : 0);
         if (!DQ_SPLIT_COLS && wg == 1) bar_sync(DQ_HALF, CONSUMERS);
 #pragma unroll
         for (int x = 0; x < DQ_N / 2; x += 2) {
-            float2* at2 = (float2*)(dqs + (16 * warp + g + 8 * ((x >> 1) & 1)) * DQ_PITCH + 8 * (x >> 2) + 2 * t);
+            const int row = 16 * warp + g + 8 * ((x >> 1) & 1);
+            const int col = (DQ_SPLIT_COLS ? wg * DQ_N : 0) + 8 * (x >> 2) + 2 * t;
+            // An f32 column is two 16-bit ones of sw128_offset's layout.
+            float2* at2 = (float2*)at(sdQ + (col >> 5) * DQ_BLOCK_BYTES + sw128_offset(row, 2 * (col & 31), BQB));
             float2 v = make_float2(dq[x], dq[x + 1]);
             if (!DQ_SPLIT_COLS && wg == 1) {
                 const float2 o = *at2;
@@ -250,9 +251,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         if (!DQ_SPLIT_COLS && wg == 0) bar_arrive(DQ_HALF, CONSUMERS);
         fence_proxy_async();
         bar_sync(DQ_FULL, CONSUMERS);
-        if (reducer && i0 + red_row < s.nq)
-            bulk_reduce_add_f32(accum_row(bp, s, i0 + red_row), sdQ + red_row * DQ_PITCH * 4, p.head_dim * 4);
-        bulk_commit();
+        if (reducer) {
+#pragma unroll
+            for (int c = 0; c < DQK / 32; ++c)
+                if (32 * c < p.head_dim)
+                    tma_reduce_add_4d(&tdq, sdQ + c * DQ_BLOCK_BYTES, 32 * c, s.q_row0 + i0, s.h, b);
+            bulk_commit();
+        }
 #endif
     }
 

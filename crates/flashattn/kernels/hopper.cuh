@@ -250,12 +250,16 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const TmaMap* map, int c0, 
         : "memory");
 }
 
-// Adds `bytes` (a multiple of 16) of f32 at shared address `src` into global `dst` (both 16-byte
-// aligned), asynchronously; `bulk_commit` closes the reductions issued since into one bulk group.
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, u32 src, u32 bytes) {
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst), "r"(src),
-                 "r"(bytes)
-                 : "memory");
+// Adds the box at element coordinates (c0 innermost .. c3) of the rank-4 tensor `map` from shared
+// memory at `src` (laid out as a TMA load of that box would write it) into global memory,
+// asynchronously (elements outside the tensor are skipped); `bulk_commit` closes the reductions
+// issued since into one bulk group.
+__device__ __forceinline__ void tma_reduce_add_4d(const TmaMap* map, u32 src, int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::"l"(
+            (u64)map),
+        "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 

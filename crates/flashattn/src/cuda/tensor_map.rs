@@ -1,4 +1,4 @@
-//! TMA tensor maps of the Hopper kernels' q, k, v (and the backward's dout): which layouts TMA can describe (a pure
+//! TMA tensor maps of the Hopper kernels' q, k, v (and the backward's dout and f32 dQ accumulator): which layouts TMA can describe (a pure
 //! function, so the tile choice can ask it), and the `CUtensorMap` each is passed to the kernel as.
 //!
 //! Each map has rank 4, innermost first: {head dim, rows, heads, batch}, boxes of 64 elements × the
@@ -104,7 +104,15 @@ pub(crate) fn encode(dtype: DType, layout: &TmaLayout, box_rows: u32) -> Result<
             ));
         }
     };
-    let boxes: [u32; 4] = [BOX_COLS, box_rows, 1, 1];
+    encode_tiled(data_type, layout, [BOX_COLS, box_rows, 1, 1])
+}
+
+/// `cuTensorMapEncodeTiled` of `layout` in `boxes`, 128-byte swizzle, zeros out of bounds.
+fn encode_tiled(
+    data_type: sys::CUtensorMapDataType,
+    layout: &TmaLayout,
+    boxes: [u32; 4],
+) -> Result<TensorMap> {
     let element_strides: [u32; 4] = [1; 4];
     let mut map = MaybeUninit::<sys::CUtensorMap>::uninit();
     // SAFETY: the arrays hold rank (4) entries (strides: rank - 1) and outlive the call; `map` is
@@ -129,6 +137,31 @@ pub(crate) fn encode(dtype: DType, layout: &TmaLayout, box_rows: u32) -> Result<
     .map_err(|e| Error::Cuda(format!("cuTensorMapEncodeTiled: {e:?}")))?;
     // SAFETY: the call succeeded, so it wrote the map.
     Ok(TensorMap(unsafe { map.assume_init() }))
+}
+
+/// The layout of the backward's f32 dQ accumulator of a padded problem (`[batch][rows][heads]`
+/// rows of `pitch` elements, a multiple of 4, of which the first `head_dim` are used) at
+/// `address`, or `None` when TMA cannot describe it (misaligned, or a dimension too large).
+pub(crate) fn accum_layout(p: &Problem, address: u64, pitch: usize) -> Option<TmaLayout> {
+    let dims = [p.head_dim, p.max_nq, p.heads_q, p.batch].map(|d| d as u64);
+    let row = (p.heads_q * pitch * 4) as u64;
+    let strides = [row, (pitch * 4) as u64, row * dims[1]];
+    let fits = address.is_multiple_of(16)
+        && pitch.is_multiple_of(4)
+        && dims.iter().all(|&d| d > 0 && d <= MAX_DIM)
+        && strides.iter().all(|&s| s < MAX_STRIDE);
+    fits.then_some(TmaLayout {
+        address,
+        dims,
+        strides,
+    })
+}
+
+/// The map of the dQ accumulator `layout` for reductions of boxes of 32 columns (128 bytes) ×
+/// `box_rows` rows.
+pub(crate) fn encode_accum(layout: &TmaLayout, box_rows: u32) -> Result<TensorMap> {
+    let f32_type = sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+    encode_tiled(f32_type, layout, [32, box_rows, 1, 1])
 }
 
 /// The maps of q, k and v of `p` (first elements at `addresses`) for a tile of `br` query rows
@@ -189,6 +222,19 @@ mod tests {
         assert_eq!(t.strides, [160, 160, 160]);
         // Head dim 8: a row of 16 bytes.
         assert!(tma_layout(0, 8, [5, 1, 1], &layout(8, 40, 40)).is_some());
+    }
+
+    #[test]
+    fn accumulator_rows_are_pitch_apart() {
+        use crate::{AttentionParams, Tensor};
+        let q = Tensor::full(&[3, 10, 4, 33], DType::F32, 0.5).unwrap();
+        let k = Tensor::full(&[3, 7, 2, 33], DType::F32, 0.5).unwrap();
+        let p = Problem::new(&q, &k, &k, &AttentionParams::default()).unwrap();
+        let l = accum_layout(&p, 256, 36).unwrap();
+        assert_eq!(l.dims, [33, 10, 4, 3]);
+        assert_eq!(l.strides, [4 * 36 * 4, 36 * 4, 10 * 4 * 36 * 4]);
+        assert!(accum_layout(&p, 8, 36).is_none());
+        assert!(accum_layout(&p, 256, 33).is_none());
     }
 
     #[test]

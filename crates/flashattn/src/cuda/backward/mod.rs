@@ -29,14 +29,17 @@ use super::device::Gpu;
 use super::forward::{device_ptr_of, gpu_for, grid_of};
 use super::params::{Extras, FlashParams, Pointers};
 use super::storage::CudaStorage;
-use super::tensor_map::backward_maps;
+use super::tensor_map::{accum_layout, backward_maps, encode_accum};
 use crate::backend::BackwardInputs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::outputs::Gradients;
 use crate::problem::{Problem, row_layout, strides_like};
 use crate::tensor::{Tensor, contiguous_strides};
-use params::{BiasParts, BwdLayouts, BwdParams, BwdPointers, accum_len, bias_parts, rel_parts_len};
+use params::{
+    BiasParts, BwdLayouts, BwdParams, BwdPointers, accum_len, accum_pitch, bias_parts,
+    rel_parts_len,
+};
 use tiles::{WGMMA_BWD_KEYS, WGMMA_BWD_ROWS, general_bwd_tile};
 pub use variants::kernel_sources;
 use variants::{BwdKernel, ROW_THREADS, Variant, choose, kernel_source, options_of};
@@ -269,7 +272,8 @@ fn queue(g: &Arc<Gpu>, p: &Problem, x: BackwardInputs<'_>, grads: &mut Gradients
     let maps = match main {
         BwdKernel::Wgmma(_) => {
             let addresses = [ptr.q, ptr.k, ptr.v, bptr.dout];
-            let maps = backward_maps(p, addresses, &layouts.dout, WGMMA_BWD_ROWS, WGMMA_BWD_KEYS);
+            let maps = backward_maps(p, addresses, &layouts.dout, WGMMA_BWD_ROWS, WGMMA_BWD_KEYS)
+                .filter(|_| p.deterministic || accum_layout(p, 0, accum_pitch(p)).is_some());
             if maps.is_none() {
                 main = choose(p, (&strides, &addresses), max_shared, (switches.0, false));
             }
@@ -294,6 +298,16 @@ fn queue(g: &Arc<Gpu>, p: &Problem, x: BackwardInputs<'_>, grads: &mut Gradients
     let f = FlashParams::new(p, ptr, &row_layout(out));
     let sizes = (accum_elems, parts);
     let params = BwdParams::new(p, (f, bptr), &layouts, sizes, dq_blocks);
+    // The Hopper kernel's map of the accumulator, which its dQ tiles are added into (checked
+    // above); in deterministic mode it takes none, and q's map stands in for the parameter.
+    let accum_map = match (&maps, p.deterministic) {
+        (Some(_), false) => {
+            let layout = accum_layout(p, bptr.dq_accum, accum_pitch(p))
+                .ok_or_else(|| Error::Cuda("the dQ accumulator is not TMA-aligned".into()))?;
+            Some(encode_accum(&layout, WGMMA_BWD_ROWS as u32)?)
+        }
+        _ => None,
+    };
 
     let opts = options_of(p);
     for (kernel, grid) in steps {
@@ -333,6 +347,7 @@ fn queue(g: &Arc<Gpu>, p: &Problem, x: BackwardInputs<'_>, grads: &mut Gradients
             for map in maps {
                 launch.arg(map);
             }
+            launch.arg(accum_map.as_ref().unwrap_or(&maps[0]));
         }
         // SAFETY: every address in `params` points into a live device allocation of this GPU: q,
         // k, v, out, dout and the biases are validated views whose elements lie inside their
@@ -343,7 +358,9 @@ fn queue(g: &Arc<Gpu>, p: &Problem, x: BackwardInputs<'_>, grads: &mut Gradients
         // above with the lengths `params` gives and outlive the launches on this stream. The kernels touch only the elements the validated
         // sizes and strides describe, and `shared` bytes were allowed when the kernel was loaded.
         // The Hopper kernel's tensor maps (after `params`: q, k, v, dout) describe only elements
-        // of those same validated views (see `forward::queue`); TMA zero-fills outside them.
+        // of those same validated views (see `forward::queue`); TMA zero-fills outside them. Its
+        // last map covers the first `head_dim` elements of each row of the accumulator allocated
+        // above (`accum_len` elements), and TMA skips what lies outside it.
         unsafe { launch.launch(cfg) }.map_err(Gpu::err("launching a backward kernel"))?;
         if keyed {
             LAST_VARIANT.set(Some(variant));

@@ -36,6 +36,7 @@ pub(crate) struct BwdParams {
     pub drel_len: i64,
     pub drel_part_len: i64,
     pub drel_blocks: i64,
+    pub accum_pitch: i64,
 }
 
 // SAFETY: `BwdParams` is `#[repr(C)]`, `Copy`, holds only integers and floats (device addresses as
@@ -81,9 +82,15 @@ fn broadcast_strides(shape: &[usize]) -> [i64; 4] {
     out
 }
 
-/// Elements of the f32 dQ accumulator of `p`: one `head_dim` row per query row and head.
+/// Elements of a row of the f32 dQ accumulator: `head_dim` rounded up to 4, so rows start 16
+/// bytes apart as TMA needs.
+pub(crate) fn accum_pitch(p: &Problem) -> usize {
+    p.head_dim.next_multiple_of(4)
+}
+
+/// Elements of the f32 dQ accumulator of `p`: one row per query row and head.
 pub(crate) fn accum_len(p: &Problem) -> usize {
-    p.total_q * p.heads_q * p.head_dim
+    p.total_q * p.heads_q * accum_pitch(p)
 }
 
 /// The deterministic dQ pass's partial gradients of `p`'s relative-position table over `blocks`
@@ -146,7 +153,7 @@ impl BwdParams {
         let accum_batch = if p.varlen {
             0
         } else {
-            (p.max_nq * p.heads_q * p.head_dim) as i64
+            (p.max_nq * p.heads_q * accum_pitch(p)) as i64
         };
         BwdParams {
             f,
@@ -174,6 +181,7 @@ impl BwdParams {
             drel_len: p.rel_bias.as_ref().map_or(0, |r| r.table.numel() as i64),
             drel_part_len: rel_parts_len(p, rel_blocks) as i64,
             drel_blocks: rel_blocks as i64,
+            accum_pitch: accum_pitch(p) as i64,
         }
     }
 }
@@ -191,11 +199,12 @@ mod tests {
             "BwdParams' 8-byte fields follow FlashParams unpadded"
         );
         // 7 pointers, 16 strides, 3 sizes, 3 strides and 3 sizes after the forward's parameters,
-        // then the table gradient's 2 pointers and 3 sizes.
+        // then the table gradient's 2 pointers and 3 sizes, then the accumulator's pitch.
         assert_eq!(
             std::mem::size_of::<BwdParams>(),
-            f + 8 * (7 + 16 + 3 + 3 + 3 + 5)
+            f + 8 * (7 + 16 + 3 + 3 + 3 + 5 + 1)
         );
+        assert_eq!(std::mem::offset_of!(BwdParams, accum_pitch), f + 8 * 37);
         assert_eq!(std::mem::offset_of!(BwdParams, drel_bias), f + 8 * 32);
         assert_eq!(std::mem::offset_of!(BwdParams, part_strides), f + 8 * 26);
         assert_eq!(std::mem::offset_of!(BwdParams, dbias_cols), f + 8 * 31);

@@ -76,14 +76,14 @@ pub(crate) struct WgmmaBwdTile {
 
 impl WgmmaBwdTile {
     /// Dynamic shared memory (`WGMMA_BWD_SMEM`): 1024 for alignment, K and V, the ring of Q, dO
-    /// and their rows' LSE and D, dSᵀ (16-bit), dQ's f32 tile (rows 4 longer), the mbarriers.
+    /// and their rows' LSE and D, dSᵀ (16-bit), dQ's f32 tile, the mbarriers.
     pub(crate) fn shared_bytes(&self) -> usize {
         let (keys, rows) = (WGMMA_BWD_KEYS, WGMMA_BWD_ROWS);
         let ring = self.stages * (2 * rows * (self.dqk + self.dv) + 8 * rows);
         1024 + 2 * keys * (self.dqk + self.dv)
             + ring
             + 2 * keys * rows
-            + 4 * rows * (self.dqk + 4)
+            + 4 * rows * self.dqk
             + 8 * (1 + 2 * self.stages)
     }
 }
