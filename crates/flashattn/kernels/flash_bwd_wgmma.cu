@@ -176,7 +176,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
                 sa[x] = pr;
             }
         };
-        if (full_step)
+        if (full_step && !SCORE_MODS)  // with score mods a second copy spills at head dim 128
             p_ds(false);
         else
             p_ds(true);
