@@ -9,6 +9,8 @@
 //   dV += Pᵀ·dO, dK += dSᵀ·Q          wgmma RS (Pᵀ, dSᵀ packed to 16 bits; dO, Q MN-major)
 //   dQ = dS·K                         wgmma SS from dSᵀ in shared memory (MN-major A), the f32
 //                                     tile added to dq_accum by TMA reductions (one a 32 columns)
+// At head dim 128 the warpgroups share dQ by columns (64 each, over all 128 keys), so they meet at
+// named barriers; at 64 each computes dQ over its own keys into its own tile and reduces it itself.
 // In deterministic mode dQ and the bias gradient are left to flash_bwd_dq.
 //
 // Defines: ELEM_BF16 or ELEM_F16; DQK, DV in {64, 128} (head dims padded to 64); STAGES >= 2;
@@ -31,18 +33,18 @@
 #define DQ_BLOCK_BYTES (BQB * 128)
 #define DQ_BYTES (DQK / 32 * DQ_BLOCK_BYTES)
 #define ROWS_BYTES (2 * BQB * 4)  // a slot's LSE·log2(e) and D
-// The consumers share dQ by columns at head dim 128 (64 each), by keys at 64 (then summed).
-#define DQ_SPLIT_COLS (DQK >= 128)
-#define DQ_N (DQ_SPLIT_COLS ? DQK / 2 : DQK)
-#define DQ_KEYS (DQ_SPLIT_COLS ? BKB : 64)
-#define WGMMA_BWD_SMEM \
-    (1024 + K_BYTES + V_BYTES + STAGES * (Q_BYTES + DO_BYTES + ROWS_BYTES) + DS_BYTES + DQ_BYTES + 8 * (1 + 2 * STAGES))
+#define DQ_SHARED (DQK >= 128)  // the warpgroups share dQ by columns (see above)
+#define DQ_KEYS (DQ_SHARED ? BKB : 64)
+#define DQ_TILES (DQ_SHARED ? 1 : NWG)
+#define DQ_SYNC (DQ_SHARED ? CONSUMERS : 128)  // the threads that meet before and after a dQ product
+#define WGMMA_BWD_SMEM                                                                                     \
+    (1024 + K_BYTES + V_BYTES + STAGES * (Q_BYTES + DO_BYTES + ROWS_BYTES) + DS_BYTES + DQ_TILES * DQ_BYTES + \
+     8 * (1 + 2 * STAGES))
 #define PRODUCER_REGS 24
 #define CONSUMER_REGS 240
-// Named barriers of the consumers: dSᵀ written (and the last dQ tile read), dQ written, half written.
+// Named barriers (one pair, or one a warpgroup): dSᵀ written and the last dQ tile read; dQ written.
 #define DS_READY 1
-#define DQ_FULL 2
-#define DQ_HALF 3
+#define DQ_FULL 3
 
 extern "C" __global__ void __launch_bounds__(NT, 1)
     flash_bwd_wgmma(const __grid_constant__ BwdParams bp, const __grid_constant__ TmaMap tq,
@@ -56,7 +58,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     const u32 sdO0 = sQ0 + STAGES * Q_BYTES;
     const u32 sdS = sdO0 + STAGES * DO_BYTES;
     const u32 sdQ = sdS + DS_BYTES;
-    const u32 sRows = sdQ + DQ_BYTES;
+    const u32 sRows = sdQ + DQ_TILES * DQ_BYTES;
     const u32 bars = sRows + STAGES * ROWS_BYTES;
     const u32 full_kv = bars;
     auto full = [&](int st) { return bars + 8 * (1 + st); };
@@ -128,7 +130,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #pragma unroll
     for (int x = 0; x < DV / 2; ++x) dv[x] = 0.f;
 #if !DETERMINISTIC
-    const bool reducer = tid == 0;  // the thread that issues dQ's reductions
+    const bool reducer = (tid & (DQ_SYNC - 1)) == 0;  // the thread that issues dQ's reductions
+    const int bar_wg = DQ_SHARED ? 0 : wg;
+    const u32 sdQw = sdQ + bar_wg * DQ_BYTES;  // the dQ tile this warpgroup writes
 #endif
     mbarrier_wait(full_kv, 0);
 
@@ -209,17 +213,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #if !DETERMINISTIC
         if (reducer) bulk_wait_read<0>();  // the last step's reductions have read the dQ tile
         fence_proxy_async();
-        bar_sync(DS_READY, CONSUMERS);
-        float dq[DQ_N / 2];
+        bar_sync(DS_READY + bar_wg, DQ_SYNC);
+        float dq[32];  // 64 columns of dQ: all of them at head dim 64, this warpgroup's half at 128
         wgmma_fence();
         {
-            const u32 kd0 = DQ_SPLIT_COLS ? sK + wg * BKB * 128 : sK + kw * 128;
-            const u64 ad = desc_sw128_mn(opaque(DQ_SPLIT_COLS ? sdS : sdS + kw * 128), BKB * 128);
+            const u32 kd0 = DQ_SHARED ? sK + wg * BKB * 128 : sK + kw * 128;
+            const u64 ad = desc_sw128_mn(opaque(DQ_SHARED ? sdS : sdS + kw * 128), BKB * 128);
             const u64 kd = desc_sw128_mn(opaque(kd0), BKB * 128);
 #pragma unroll
             for (int kk = 0; kk < DQ_KEYS / 16; ++kk)
-                wgmma_ss<DQ_N, 1, 1>(dq, desc_advance(ad, sw128_mn_k_offset(kk)), desc_advance(kd, sw128_mn_k_offset(kk)),
-                                     kk > 0);
+                wgmma_ss<64, 1, 1>(dq, desc_advance(ad, sw128_mn_k_offset(kk)), desc_advance(kd, sw128_mn_k_offset(kk)),
+                                   kk > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -233,29 +237,21 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         if (lane == 0) mbarrier_arrive(empty(st));  // Q, dO, LSE and D of this slot are read
 #if !DETERMINISTIC
         // dQ's tile: query row 16 warp + g + 8 ((x >> 1) & 1), column 8 (x >> 2) + 2t + (x & 1).
-        if (!DQ_SPLIT_COLS && wg == 1) bar_sync(DQ_HALF, CONSUMERS);
 #pragma unroll
-        for (int x = 0; x < DQ_N / 2; x += 2) {
+        for (int x = 0; x < 32; x += 2) {
             const int row = 16 * warp + g + 8 * ((x >> 1) & 1);
-            const int col = (DQ_SPLIT_COLS ? wg * DQ_N : 0) + 8 * (x >> 2) + 2 * t;
+            const int col = (DQ_SHARED ? 64 * wg : 0) + 8 * (x >> 2) + 2 * t;
             // An f32 column is two 16-bit ones of sw128_offset's layout.
-            float2* at2 = (float2*)at(sdQ + (col >> 5) * DQ_BLOCK_BYTES + sw128_offset(row, 2 * (col & 31), BQB));
-            float2 v = make_float2(dq[x], dq[x + 1]);
-            if (!DQ_SPLIT_COLS && wg == 1) {
-                const float2 o = *at2;
-                v.x += o.x;
-                v.y += o.y;
-            }
-            *at2 = v;
+            float2* at2 = (float2*)at(sdQw + (col >> 5) * DQ_BLOCK_BYTES + sw128_offset(row, 2 * (col & 31), BQB));
+            *at2 = make_float2(dq[x], dq[x + 1]);
         }
-        if (!DQ_SPLIT_COLS && wg == 0) bar_arrive(DQ_HALF, CONSUMERS);
         fence_proxy_async();
-        bar_sync(DQ_FULL, CONSUMERS);
+        bar_sync(DQ_FULL + bar_wg, DQ_SYNC);
         if (reducer) {
 #pragma unroll
             for (int c = 0; c < DQK / 32; ++c)
                 if (32 * c < p.head_dim)
-                    tma_reduce_add_4d(&tdq, sdQ + c * DQ_BLOCK_BYTES, 32 * c, s.q_row0 + i0, s.h, b);
+                    tma_reduce_add_4d(&tdq, sdQw + c * DQ_BLOCK_BYTES, 32 * c, s.q_row0 + i0, s.h, b);
             bulk_commit();
         }
 #endif

@@ -76,14 +76,16 @@ pub(crate) struct WgmmaBwdTile {
 
 impl WgmmaBwdTile {
     /// Dynamic shared memory (`WGMMA_BWD_SMEM`): 1024 for alignment, K and V, the ring of Q, dO
-    /// and their rows' LSE and D, dSᵀ (16-bit), dQ's f32 tile, the mbarriers.
+    /// and their rows' LSE and D, dSᵀ (16-bit), dQ's f32 tiles (one shared at head dim 128, one a
+    /// warpgroup below), the mbarriers.
     pub(crate) fn shared_bytes(&self) -> usize {
         let (keys, rows) = (WGMMA_BWD_KEYS, WGMMA_BWD_ROWS);
         let ring = self.stages * (2 * rows * (self.dqk + self.dv) + 8 * rows);
+        let dq_tiles = if self.dqk >= 128 { 1 } else { 2 };
         1024 + 2 * keys * (self.dqk + self.dv)
             + ring
             + 2 * keys * rows
-            + 4 * rows * self.dqk
+            + dq_tiles * 4 * rows * self.dqk
             + 8 * (1 + 2 * self.stages)
     }
 }
