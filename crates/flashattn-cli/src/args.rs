@@ -77,9 +77,9 @@ The fused layer (with tensor x instead of q, k, v; --heads needed):
 Inputs: x [batch, seqlen, model_dim] ([total, model_dim] with cu_seqlens), w_qkv [model_dim,
 (heads + 2·heads_kv)·head_dim] (columns: q heads, k heads, v heads), optional b_qkv, w_o
 [heads·head_dim, model_dim], optional b_o [model_dim], optional positions [batch, seqlen] int32
-(rotary positions; default 0..seqlen-1), dy (like y) for the backward; alibi_slopes, bias and
-cu_seqlens as above. Outputs: y [batch, seqlen, model_dim]; with dy: dx, dw_qkv, db_qkv, dw_o,
-db_o (and dbias with a bias).";
+(rotary positions; default 0..seqlen-1), dy (like y) for the backward; alibi_slopes, bias,
+rel_bias and cu_seqlens as above. Outputs: y [batch, seqlen, model_dim]; with dy: dx, dw_qkv,
+db_qkv, dw_o, db_o (and dbias with a bias, drel_bias with rel_bias).";
 
 /// Exact attention by FlashAttention: check it, benchmark it, run it on tensor files.
 #[derive(Parser, Debug)]
