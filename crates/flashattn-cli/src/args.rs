@@ -37,6 +37,7 @@ Examples:
   flashattn bench --seqlens 1024 --seqlens-k 512,1024 --no-standard --gemm --rounds 9
   flashattn bench --dtype bf16 --head-dims 64,128 --plot docs/bench.png --json bench.json
   flashattn bench --device cuda --seqlens 1024,8192 --dtype bf16
+  flashattn bench --linear --seqlens 256,1024,4096,16384 --causal yes --plot linear.png
 
 Times are the fastest of --repeats runs after one untimed run (with --rounds R, the median over
 R rounds of that). --gemm times an f32 sgemm just before and just after each flashattn timing and
@@ -50,7 +51,11 @@ batches of back-to-back calls; the standard attention is the library's cuBLAS ba
 device memory the planned allocation (marked *), flashattn's device memory is not measured; the
 kernel variants used are printed after the table by name (fwd_wgmma_: the Hopper kernel, on
 sm_90a; fwd_mma_: tensor cores; fwd_general_: CUDA cores) with their compile and cached-load
-times.";
+times.
+--linear adds linear attention (elu+1) on the same q, k, v and mask, and after the table, per
+curve, the sequence length where it overtakes flashattn (between the two lengths measured around
+the crossing, with a log-log estimate). Linear attention has no GPU path yet: with --device cuda
+it is skipped with a note.";
 
 const RUN_EXAMPLES: &str = "\
 Examples:
@@ -374,6 +379,10 @@ pub struct BenchArgs {
     /// (CPU only).
     #[arg(long)]
     pub gemm: bool,
+    /// Also time linear attention (elu+1, the same q, k, v and mask) and say where it overtakes
+    /// flashattn (CPU only for now: on a GPU it is skipped with a note).
+    #[arg(long)]
+    pub linear: bool,
 }
 
 impl BenchArgs {
@@ -398,6 +407,7 @@ impl BenchArgs {
             seed: 2026,
             rounds: 1,
             gemm: false,
+            linear: false,
         }
     }
 
