@@ -38,6 +38,7 @@ Examples:
   flashattn bench --dtype bf16 --head-dims 64,128 --plot docs/bench.png --json bench.json
   flashattn bench --device cuda --seqlens 1024,8192 --dtype bf16
   flashattn bench --linear --seqlens 256,1024,4096,16384 --causal yes --plot linear.png
+  flashattn bench --layer --seqlens 512,2048 --heads 8 --heads-kv 2 --pass both
 
 Times are the fastest of --repeats runs after one untimed run (with --rounds R, the median over
 R rounds of that). --gemm times an f32 sgemm just before and just after each flashattn timing and
@@ -55,7 +56,12 @@ times.
 --linear adds linear attention (elu+1) on the same q, k, v and mask, and after the table, per
 curve, the sequence length where it overtakes flashattn (between the two lengths measured around
 the crossing, with a log-log estimate). Linear attention has no GPU path yet: with --device cuda
-it is skipped with a note.";
+it is skipped with a note.
+--layer times the fused layer (layer_forward; with --pass backward, layer_forward then
+layer_backward) beside the same steps as separate calls (the projection GEMM, rotated copies of Q
+and K, attention, the output GEMM; the backward's dq, dk, dv rotated back into new tensors and
+concatenated), with the rotary embedding (half) over the whole head and both biases, on the CPU.
+Peak = the peak of heap bytes during the call beyond what it returns (y; the gradients).";
 
 const RUN_EXAMPLES: &str = "\
 Examples:
@@ -383,6 +389,14 @@ pub struct BenchArgs {
     /// flashattn (CPU only for now: on a GPU it is skipped with a note).
     #[arg(long)]
     pub linear: bool,
+    /// Time the fused layer (x·w_qkv + b, rotary embedding, attention, ·w_o + b) beside the same
+    /// steps as separate calls, time and peak memory; --pass backward times forward and
+    /// backward (CPU).
+    #[arg(long)]
+    pub layer: bool,
+    /// With --layer: the model dim M of x [batch, seqlen, M] (default heads·head_dim).
+    #[arg(long, value_name = "M")]
+    pub model_dim: Option<usize>,
 }
 
 impl BenchArgs {
@@ -408,6 +422,8 @@ impl BenchArgs {
             rounds: 1,
             gemm: false,
             linear: false,
+            layer: false,
+            model_dim: None,
         }
     }
 
@@ -430,6 +446,14 @@ impl BenchArgs {
         positive("heads", &[self.heads])?;
         if let Some(hk) = self.heads_kv {
             positive("heads-kv", &[hk])?;
+        }
+        if let Some(m) = self.model_dim {
+            positive("model-dim", &[m])?;
+        }
+        if self.layer {
+            super::layer_bench::validate(self)?;
+        } else if self.model_dim.is_some() {
+            return Err(fail("--model-dim is an option of bench --layer"));
         }
         if self.gemm && self.device != Device::Cpu {
             return Err(fail(format!(

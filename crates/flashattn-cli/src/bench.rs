@@ -12,7 +12,7 @@ use super::args::{BenchArgs, CausalChoice, PassChoice};
 use super::inputs::{Config, Inputs};
 use super::memory::{self, human};
 use super::timing::{self, Extra, Measurement, measure};
-use super::{CliResult, bench_table, device, fail, json, linear_bench, output, plot};
+use super::{CliResult, bench_table, device, fail, json, layer_bench, linear_bench, output, plot};
 
 /// Forward or backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -364,9 +364,26 @@ fn median_outcome(rounds: Vec<Outcome>) -> Outcome {
     Outcome::Ran(median_measurement(&ran))
 }
 
+/// A progress bar of `steps` steps on stderr, its clock ticking on its own so that it moves
+/// during long configurations.
+pub fn progress_bar(steps: usize) -> CliResult<ProgressBar> {
+    let bar = ProgressBar::new(steps as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}",
+        )
+        .map_err(|e| fail(format!("progress bar template: {e}")))?,
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    Ok(bar)
+}
+
 /// Runs the sweep; prints the table and writes the chart and JSON asked for.
 pub fn run(a: &BenchArgs) -> CliResult<()> {
     a.validate()?;
+    if a.layer {
+        return layer_bench::run(a);
+    }
     device::ensure_available(a.device)?;
     for path in [&a.plot, &a.json].into_iter().flatten() {
         output::check_writable(path)?;
@@ -378,16 +395,7 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
     if let Some(note) = timing::load_note() {
         eprintln!("note: {note}");
     }
-    let steps = configs.len() * a.rounds as usize;
-    let bar = ProgressBar::new(steps as u64);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}",
-        )
-        .map_err(|e| fail(format!("progress bar template: {e}")))?,
-    );
-    // Ticks on its own so the clock moves during long configurations.
-    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    let bar = progress_bar(configs.len() * a.rounds as usize)?;
     let swept = sweep(a, &configs, &bar);
     bar.finish_and_clear();
     let Sweep { rows, gemm_gflops } = swept?;

@@ -12,6 +12,7 @@ mod check;
 mod device;
 mod inputs;
 mod json;
+mod layer_bench;
 mod layer_run;
 mod linear_bench;
 mod linear_run;

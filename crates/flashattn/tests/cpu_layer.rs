@@ -8,9 +8,10 @@ mod common;
 use common::layer::{LayerCase, check, results};
 use common::rng;
 use flashattn::internals::set_poison_outputs;
+use flashattn::reference::unfused_layer;
 use flashattn::{
-    AttentionParams, DType, LayerParams, LayerWeights, Rope, RopeStyle, Tensor, layer_backward,
-    layer_forward,
+    AttentionParams, DType, LayerOutput, LayerParams, LayerWeights, Rope, RopeStyle, Tensor,
+    layer_backward, layer_forward,
 };
 
 fn run_cases(test: &str, seed0: u64, cases: &[LayerCase]) {
@@ -91,6 +92,40 @@ fn attention_options_and_varlen() {
             .dtype(DType::BF16),
     ];
     run_cases("layer options", 672_000, &cases);
+}
+
+/// The bench's yardstick, the same steps as separate calls (`reference::unfused_layer`), meets
+/// the same bounds against the oracle composition.
+#[test]
+fn separate_calls_meet_the_same_bounds() {
+    set_poison_outputs(true);
+    let cases = [
+        LayerCase::new(2, 11, 20, 8)
+            .heads(4, 2)
+            .rope(RopeStyle::Half, None)
+            .causal(),
+        LayerCase::new(1, 9, 12, 6)
+            .heads(3, 1)
+            .rope(RopeStyle::Interleaved, Some(4))
+            .positions()
+            .dtype(DType::BF16),
+        LayerCase::new(1, 1, 12, 8)
+            .varlen(&[5, 1, 12])
+            .rope(RopeStyle::Half, Some(6))
+            .no_biases(),
+        LayerCase::new(2, 7, 10, 4).dtype(DType::F16),
+    ];
+    for (n, case) in cases.iter().enumerate() {
+        let li = case.inputs(&mut rng(673_000 + n as u64));
+        let u = unfused_layer::forward(&li.x, &li.w, &li.p).expect("unfused forward");
+        let g = unfused_layer::backward(&li.x, &li.w, &li.p, &u, &li.dy).expect("unfused backward");
+        let f = LayerOutput {
+            y: u.y,
+            qkv: u.qkv,
+            attention: u.attention,
+        };
+        check(case, &li, &results(&f, &g));
+    }
 }
 
 /// Every mismatch is a typed error naming the argument; nothing panics.

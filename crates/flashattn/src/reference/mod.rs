@@ -5,3 +5,4 @@ pub mod ceiling;
 pub mod linear;
 pub mod oracle;
 pub mod standard;
+pub mod unfused_layer;

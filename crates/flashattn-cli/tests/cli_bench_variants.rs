@@ -1,5 +1,6 @@
 //! `bench --linear`: linear attention's figures beside flashattn's and the standard attention's
-//! (table, JSON, chart) and the line that says where it overtakes flashattn.
+//! (table, JSON, chart) and the line that says where it overtakes flashattn; `bench --layer`:
+//! the fused layer beside the same steps as separate calls, and the options it refuses.
 
 mod cli_support;
 
@@ -93,4 +94,74 @@ fn bench_without_linear_has_no_linear_figures() {
     let records: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert!(records.iter().all(|r| r["method"] != "linear"));
+}
+
+#[test]
+fn bench_layer_times_the_fused_layer_beside_separate_calls() {
+    let o = flashattn(&[
+        "bench",
+        "--layer",
+        "--seqlens",
+        "16,40",
+        "--heads",
+        "4",
+        "--heads-kv",
+        "2",
+        "--head-dims",
+        "8",
+        "--model-dim",
+        "24",
+        "--pass",
+        "both",
+        "--causal",
+        "yes",
+        "--repeats",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains("fused ms") && text.contains("sep ms"),
+        "{text}"
+    );
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .filter(|c: &Vec<&str>| {
+            c.first()
+                .is_some_and(|p| *p == "forward" || *p == "fwd+bwd")
+        })
+        .collect();
+    assert_eq!(rows.len(), 4, "2 lengths x 2 passes\n{text}");
+    for r in &rows {
+        assert_eq!(
+            &r[1..8],
+            ["causal", "f32", "1", "4/2", r[5], "24", "8"],
+            "{text}"
+        );
+        assert!(r.last().unwrap().ends_with('x'), "{text}");
+    }
+}
+
+#[test]
+fn bench_layer_refuses_what_it_does_not_take() {
+    let layer = |extra: &[&str], needle: &str| {
+        let mut args = vec!["bench", "--layer", "--seqlens", "16", "--heads", "2"];
+        args.extend_from_slice(extra);
+        let o = flashattn(&args);
+        assert_eq!(o.status.code(), Some(2), "{extra:?}");
+        let err = stderr(&o);
+        assert!(err.contains(needle) && !err.contains("panicked"), "{err}");
+    };
+    layer(&["--linear"], "--linear");
+    layer(&["--json", "x.json"], "--json");
+    layer(&["--seqlens-k", "8"], "--seqlens-k");
+    layer(&["--layout", "bhnd"], "--layout");
+    layer(&["--rounds", "3"], "--rounds");
+    layer(&["--device", "cuda"], "--device");
+    layer(&["--model-dim", "0"], "--model-dim");
+    layer(&["--heads-kv", "3"], "--heads-kv");
+    let o = flashattn(&["bench", "--model-dim", "16"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--layer"), "{}", stderr(&o));
 }
