@@ -121,6 +121,11 @@ fn separate_calls_meet_the_same_bounds() {
         let li = case.inputs(&mut rng(673_000 + n as u64));
         let u = unfused_layer::forward(&li.x, &li.w, &li.p).expect("unfused forward");
         let g = unfused_layer::backward(&li.x, &li.w, &li.p, &u, &li.dy).expect("unfused backward");
+        // Saved tensors of the wrong shape are typed errors, not panics.
+        let mut bad = u.clone();
+        bad.q = bad.attention.lse.clone();
+        let e = unfused_layer::backward(&li.x, &li.w, &li.p, &bad, &li.dy).unwrap_err();
+        assert!(e.argument().is_some(), "{e}");
         let f = LayerOutput {
             y: u.y,
             qkv: u.qkv,
