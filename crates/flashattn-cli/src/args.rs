@@ -61,7 +61,8 @@ it is skipped with a note.
 layer_backward) beside the same steps as separate calls (the projection GEMM, rotated copies of Q
 and K, attention, the output GEMM; the backward's dq, dk, dv rotated back into new tensors and
 concatenated), with the rotary embedding (half) over the whole head and both biases, on the CPU.
-Peak = the peak of heap bytes during the call beyond what it returns (y; the gradients).";
+Peak = the peak of heap bytes during the call beyond what it returns (y; the gradients). With
+--rounds R, each figure is the median over R rounds.";
 
 const RUN_EXAMPLES: &str = "\
 Examples:

@@ -342,7 +342,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// The round of median time (the lower middle of an even count), with the largest extra
 /// memory of any round.
-fn median_measurement(rounds: &[Measurement]) -> Measurement {
+pub fn median_measurement(rounds: &[Measurement]) -> Measurement {
     let mut sorted = rounds.to_vec();
     sorted.sort_by(|x, y| x.time_ms.total_cmp(&y.time_ms));
     let mut m = sorted[(sorted.len() - 1) / 2];

@@ -10,7 +10,7 @@ use flashattn::{
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
 use super::args::{BenchArgs, CausalChoice, Layout, PassChoice};
-use super::bench::{BACKWARD_FLOP_FACTOR, Pass, progress_bar};
+use super::bench::{BACKWARD_FLOP_FACTOR, Pass, median_measurement, progress_bar};
 use super::inputs::Config;
 use super::memory::human;
 use super::table::Table;
@@ -26,7 +26,6 @@ pub fn validate(a: &BenchArgs) -> CliResult<()> {
         (a.plot.is_some(), "--plot"),
         (a.json.is_some(), "--json"),
         (a.seqlens_k.is_some(), "--seqlens-k"),
-        (a.rounds > 1, "--rounds"),
         (a.layout != [Layout::Bnhd], "--layout"),
     ];
     if let Some((_, opt)) = others.iter().find(|(given, _)| *given) {
@@ -179,6 +178,28 @@ fn configs(a: &BenchArgs) -> Vec<LayerConfig> {
     out
 }
 
+/// Every configuration timed in each of `--rounds` rounds, one after the other; the medians.
+fn rounds(
+    a: &BenchArgs,
+    configs: &[LayerConfig],
+    bar: &indicatif::ProgressBar,
+) -> CliResult<Vec<(Measurement, Measurement)>> {
+    let mut timed = vec![(Vec::new(), Vec::new()); configs.len()];
+    for _ in 0..a.rounds {
+        for (i, c) in configs.iter().enumerate() {
+            bar.set_message(format!("{} {}", c.pass.name(), c.attention.describe()));
+            let (fused, sep) = time(c, a.seed + i as u64, a.repeats)?;
+            timed[i].0.push(fused);
+            timed[i].1.push(sep);
+            bar.inc(1);
+        }
+    }
+    Ok(timed
+        .iter()
+        .map(|(f, s)| (median_measurement(f), median_measurement(s)))
+        .collect())
+}
+
 fn peak(m: &Measurement) -> u64 {
     m.extra.bytes().unwrap_or(0)
 }
@@ -190,15 +211,10 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
         "pass", "mask", "dtype", "B", "H", "N", "M", "D", "fused ms", "GFLOP/s", "peak", "sep ms",
         "GFLOP/s", "peak", "speedup", "memory",
     ]);
-    let bar = progress_bar(configs.len())?;
-    for (i, c) in configs.iter().enumerate() {
-        bar.set_message(format!("{} {}", c.pass.name(), c.attention.describe()));
-        let timed = time(c, a.seed + i as u64, a.repeats);
-        bar.inc(1);
-        let Ok((fused, sep)) = timed else {
-            bar.finish_and_clear();
-            return timed.map(drop);
-        };
+    let bar = progress_bar(configs.len() * a.rounds as usize)?;
+    let timed = rounds(a, &configs, &bar);
+    bar.finish_and_clear();
+    for (c, (fused, sep)) in configs.iter().zip(timed?) {
         let x = &c.attention;
         let ratio = match peak(&fused) {
             0 => "-".to_string(),
@@ -227,10 +243,13 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
             ratio,
         ]);
     }
-    bar.finish_and_clear();
+    let rounds = match a.rounds {
+        1 => String::new(),
+        r => format!(", median over {r} rounds"),
+    };
     println!(
         "flashattn bench --layer on cpu: the fused layer beside the same steps as separate calls \
-         (rope half over the whole head, both biases); fastest of {} runs; peak = peak heap \
+         (rope half over the whole head, both biases); fastest of {} runs{rounds}; peak = peak heap \
          during the call beyond what it returns (forward: y; fwd+bwd: the gradients); speedup = \
          separate time / fused time; memory = separate peak / fused peak",
         a.repeats

@@ -117,9 +117,12 @@ fn bench_layer_times_the_fused_layer_beside_separate_calls() {
         "yes",
         "--repeats",
         "1",
+        "--rounds",
+        "2",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
+    assert!(text.contains("median over 2 rounds"), "{text}");
     assert!(
         text.contains("fused ms") && text.contains("sep ms"),
         "{text}"
@@ -157,7 +160,6 @@ fn bench_layer_refuses_what_it_does_not_take() {
     layer(&["--json", "x.json"], "--json");
     layer(&["--seqlens-k", "8"], "--seqlens-k");
     layer(&["--layout", "bhnd"], "--layout");
-    layer(&["--rounds", "3"], "--rounds");
     layer(&["--device", "cuda"], "--device");
     layer(&["--model-dim", "0"], "--model-dim");
     layer(&["--heads-kv", "3"], "--heads-kv");
