@@ -5,7 +5,7 @@ use flashattn::{Device, Error, LinearParams, Window, linear_backward, linear_for
 
 use super::bench::{BACKWARD_FLOP_FACTOR, Outcome, Pass, Row};
 use super::inputs::Inputs;
-use super::timing::measure;
+use super::timing::{Measurement, measure};
 use super::{CliError, CliResult, device};
 
 /// Linear attention's FLOPs for `pass` on `x`: `2·B·D·Dv·(HK·Nk + H·Nq)` a forward (building
@@ -36,6 +36,11 @@ pub fn run(x: &Inputs, pass: Pass, dev: Device, repeats: u32) -> CliResult<Outco
             Ok(vec![g.dq, g.dk, g.dv])
         }
     });
+    outcome(timed, dev)
+}
+
+/// The figures, or a skip where the library has no such backend; other errors stand.
+fn outcome(timed: CliResult<Measurement>, dev: Device) -> CliResult<Outcome> {
     match timed {
         Ok(m) => Ok(Outcome::Ran(m)),
         Err(CliError::Lib(e @ Error::Unsupported { .. })) => {
@@ -114,6 +119,21 @@ fn describe(pts: &[(usize, f64)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fail;
+
+    #[test]
+    fn a_missing_backend_is_a_skip_and_other_errors_stand() {
+        let unsupported = Error::Unsupported {
+            device: "cuda",
+            what: "linear attention".into(),
+        };
+        let skipped = outcome(Err(CliError::Lib(unsupported)), Device::Cuda(0)).unwrap();
+        assert!(
+            matches!(&skipped, Outcome::Skipped(why) if why.contains("no cuda:0 path yet") && why.contains("linear attention")),
+            "{skipped:?}"
+        );
+        assert!(outcome(Err(fail("bad input")), Device::Cuda(0)).is_err());
+    }
 
     #[test]
     fn the_crossing_is_where_linear_stays_faster() {
