@@ -37,6 +37,8 @@ Examples:
   flashattn bench --seqlens 1024 --seqlens-k 512,1024 --no-standard --gemm --rounds 9
   flashattn bench --dtype bf16 --head-dims 64,128 --plot docs/bench.png --json bench.json
   flashattn bench --device cuda --seqlens 1024,8192 --dtype bf16
+  flashattn bench --linear --seqlens 256,1024,4096,16384 --causal yes --plot linear.png
+  flashattn bench --layer --seqlens 512,2048 --heads 8 --heads-kv 2 --pass both
 
 Times are the fastest of --repeats runs after one untimed run (with --rounds R, the median over
 R rounds of that). --gemm times an f32 sgemm just before and just after each flashattn timing and
@@ -50,7 +52,17 @@ batches of back-to-back calls; the standard attention is the library's cuBLAS ba
 device memory the planned allocation (marked *), flashattn's device memory is not measured; the
 kernel variants used are printed after the table by name (fwd_wgmma_: the Hopper kernel, on
 sm_90a; fwd_mma_: tensor cores; fwd_general_: CUDA cores) with their compile and cached-load
-times.";
+times.
+--linear adds linear attention (elu+1) on the same q, k, v and mask, and after the table, per
+curve, the sequence length where it overtakes flashattn (between the two lengths measured around
+the crossing, with a log-log estimate). Linear attention has no GPU path yet: with --device cuda
+it is skipped with a note.
+--layer times the fused layer (layer_forward; with --pass backward, layer_forward then
+layer_backward) beside the same steps as separate calls (the projection GEMM, rotated copies of Q
+and K, attention, the output GEMM; the backward's dq, dk, dv rotated back into new tensors and
+concatenated), with the rotary embedding (half) over the whole head and both biases, on the CPU.
+Peak = the peak of heap bytes during the call beyond what it returns (y; the gradients). With
+--rounds R, each figure is the median over R rounds.";
 
 const RUN_EXAMPLES: &str = "\
 Examples:
@@ -77,9 +89,9 @@ The fused layer (with tensor x instead of q, k, v; --heads needed):
 Inputs: x [batch, seqlen, model_dim] ([total, model_dim] with cu_seqlens), w_qkv [model_dim,
 (heads + 2·heads_kv)·head_dim] (columns: q heads, k heads, v heads), optional b_qkv, w_o
 [heads·head_dim, model_dim], optional b_o [model_dim], optional positions [batch, seqlen] int32
-(rotary positions; default 0..seqlen-1), dy (like y) for the backward; alibi_slopes, bias and
-cu_seqlens as above. Outputs: y [batch, seqlen, model_dim]; with dy: dx, dw_qkv, db_qkv, dw_o,
-db_o (and dbias with a bias).";
+(rotary positions; default 0..seqlen-1), dy (like y) for the backward; alibi_slopes, bias,
+rel_bias and cu_seqlens as above. Outputs: y [batch, seqlen, model_dim]; with dy: dx, dw_qkv,
+db_qkv, dw_o, db_o (and dbias with a bias, drel_bias with rel_bias).";
 
 /// Exact attention by FlashAttention: check it, benchmark it, run it on tensor files.
 #[derive(Parser, Debug)]
@@ -374,6 +386,18 @@ pub struct BenchArgs {
     /// (CPU only).
     #[arg(long)]
     pub gemm: bool,
+    /// Also time linear attention (elu+1, the same q, k, v and mask) and say where it overtakes
+    /// flashattn (CPU only for now: on a GPU it is skipped with a note).
+    #[arg(long)]
+    pub linear: bool,
+    /// Time the fused layer (x·w_qkv + b, rotary embedding, attention, ·w_o + b) beside the same
+    /// steps as separate calls, time and peak memory; --pass backward times forward and
+    /// backward (CPU).
+    #[arg(long)]
+    pub layer: bool,
+    /// With --layer: the model dim M of x [batch, seqlen, M] (default heads·head_dim).
+    #[arg(long, value_name = "M")]
+    pub model_dim: Option<usize>,
 }
 
 impl BenchArgs {
@@ -398,6 +422,9 @@ impl BenchArgs {
             seed: 2026,
             rounds: 1,
             gemm: false,
+            linear: false,
+            layer: false,
+            model_dim: None,
         }
     }
 
@@ -420,6 +447,14 @@ impl BenchArgs {
         positive("heads", &[self.heads])?;
         if let Some(hk) = self.heads_kv {
             positive("heads-kv", &[hk])?;
+        }
+        if let Some(m) = self.model_dim {
+            positive("model-dim", &[m])?;
+        }
+        if self.layer {
+            super::layer_bench::validate(self)?;
+        } else if self.model_dim.is_some() {
+            return Err(fail("--model-dim is an option of bench --layer"));
         }
         if self.gemm && self.device != Device::Cpu {
             return Err(fail(format!(

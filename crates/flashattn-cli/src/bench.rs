@@ -1,5 +1,6 @@
 //! `flashattn bench`: sweeps sizes and times flashattn next to the standard (materializing)
-//! attention, with a progress bar, a table, and optional chart and JSON.
+//! attention (and with `--linear` linear attention), with a progress bar, a table, and optional
+//! chart and JSON.
 
 use flashattn::Device;
 use flashattn::internals::Problem;
@@ -7,12 +8,11 @@ use flashattn::reference::ceiling::Sgemm;
 use flashattn::reference::standard;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::args::{BenchArgs, CausalChoice, Layout, PassChoice};
+use super::args::{BenchArgs, CausalChoice, PassChoice};
 use super::inputs::{Config, Inputs};
 use super::memory::{self, human};
-use super::table::Table;
 use super::timing::{self, Extra, Measurement, measure};
-use super::{CliResult, device, fail, json, output, plot};
+use super::{CliResult, bench_table, device, fail, json, layer_bench, linear_bench, output, plot};
 
 /// Forward or backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,18 +32,18 @@ impl Pass {
 }
 
 /// The backward's FLOPs per forward FLOP, by the usual count.
-const BACKWARD_FLOP_FACTOR: f64 = 2.5;
+pub const BACKWARD_FLOP_FACTOR: f64 = 2.5;
 
 /// Fraction of the available memory the standard attention may plan to use.
 const MEMORY_HEADROOM: f64 = 0.8;
 
 /// The size of the sgemm of `--gemm` (`n × n` times `n × n`), the ceiling of the issue's
 /// benchmark.
-const GEMM_N: usize = 1024;
+pub const GEMM_N: usize = 1024;
 
-/// The standard attention's figures, or why it did not run.
+/// A baseline's figures (the standard or the linear attention), or why it did not run.
 #[derive(Clone, Debug)]
-pub enum StandardOutcome {
+pub enum Outcome {
     /// It ran: its figures.
     Ran(Measurement),
     /// It did not run: why.
@@ -64,7 +64,9 @@ pub struct Row {
     /// Where the standard attention ran.
     pub standard_device: Device,
     /// The standard attention's figures, or why it did not run.
-    pub standard: StandardOutcome,
+    pub standard: Outcome,
+    /// Linear attention's figures or why it did not run, with `--linear`.
+    pub linear: Option<Outcome>,
     /// flashattn's rate as a percentage of the sgemm's timed around it (median over the
     /// rounds), with `--gemm`.
     pub gemm_percent: Option<f64>,
@@ -185,9 +187,9 @@ fn run_standard(
     dev: Device,
     repeats: u32,
     skip: bool,
-) -> CliResult<StandardOutcome> {
+) -> CliResult<Outcome> {
     if skip {
-        return Ok(StandardOutcome::Skipped("not run (--no-standard)".into()));
+        return Ok(Outcome::Skipped("not run (--no-standard)".into()));
     }
     let on = device::upload(x, dev)?;
     let (p, flops) = forward_flops(&on, pass)?;
@@ -198,7 +200,7 @@ fn run_standard(
     if dev == Device::Cpu
         && let Some(why) = too_big(need, memory::available_bytes())
     {
-        return Ok(StandardOutcome::Skipped(why));
+        return Ok(Outcome::Skipped(why));
     }
     let result = match pass {
         Pass::Forward => measure(dev, repeats, flops, || {
@@ -214,16 +216,14 @@ fn run_standard(
         }
     };
     match (dev, result) {
-        (Device::Cpu, r) => Ok(StandardOutcome::Ran(r?)),
+        (Device::Cpu, r) => Ok(Outcome::Ran(r?)),
         // The GPU baseline holds the score matrix in device memory, which may not fit.
-        (Device::Cuda(_), Err(e)) => {
-            Ok(StandardOutcome::Skipped(format!("failed on the GPU: {e}")))
-        }
+        (Device::Cuda(_), Err(e)) => Ok(Outcome::Skipped(format!("failed on the GPU: {e}"))),
         (Device::Cuda(_), Ok(mut m)) => {
             if m.extra == Extra::Unknown {
                 m.extra = Extra::Planned(need);
             }
-            Ok(StandardOutcome::Ran(m))
+            Ok(Outcome::Ran(m))
         }
     }
 }
@@ -254,8 +254,7 @@ fn sweep(a: &BenchArgs, configs: &[(Pass, Config)], bar: &ProgressBar) -> CliRes
     let mut ceilings = Vec::new();
     // The sgemm timed right after the last flashattn timing, with nothing run since.
     let mut last = None;
-    let mut timed: Vec<Vec<(Measurement, StandardOutcome, Option<f64>)>> =
-        vec![Vec::new(); configs.len()];
+    let mut timed: Vec<Vec<Timed>> = vec![Vec::new(); configs.len()];
     for round in 1..=a.rounds {
         let of = if a.rounds > 1 {
             format!("round {round}/{}: ", a.rounds)
@@ -279,10 +278,19 @@ fn sweep(a: &BenchArgs, configs: &[(Pass, Config)], bar: &ProgressBar) -> CliRes
             let after = sgemm(None, &mut ceilings);
             let ceiling = before.zip(after).map(|(b, f)| (b + f) / 2.0);
             let standard = run_standard(&x, *pass, a.device, a.repeats, a.no_standard)?;
-            if matches!(standard, StandardOutcome::Skipped(_)) {
+            let linear = match a.linear {
+                true => Some(linear_bench::run(&x, *pass, a.device, a.repeats)?),
+                false => None,
+            };
+            if matches!(standard, Outcome::Skipped(_)) && linear.is_none() {
                 last = after;
             }
-            timed[i].push((flash, standard, ceiling));
+            timed[i].push(Timed {
+                flash,
+                standard,
+                linear,
+                ceiling,
+            });
             bar.inc(1);
         }
     }
@@ -290,21 +298,23 @@ fn sweep(a: &BenchArgs, configs: &[(Pass, Config)], bar: &ProgressBar) -> CliRes
         .iter()
         .zip(timed)
         .map(|((pass, cfg), rounds)| {
-            let flash: Vec<Measurement> = rounds.iter().map(|(f, _, _)| *f).collect();
+            let flash: Vec<Measurement> = rounds.iter().map(|t| t.flash).collect();
             let shares: Option<Vec<f64>> = rounds
                 .iter()
-                .map(|(f, _, g)| g.map(|g| 100.0 * f.gflops / g))
+                .map(|t| t.ceiling.map(|g| 100.0 * t.flash.gflops / g))
                 .collect();
             let gemm_percent = shares.filter(|s| !s.is_empty()).map(median);
-            let around: Option<Vec<f64>> = rounds.iter().map(|(_, _, g)| *g).collect();
+            let around: Option<Vec<f64>> = rounds.iter().map(|t| t.ceiling).collect();
             let gemm_ceiling = around.filter(|g| !g.is_empty()).map(median);
+            let linear: Option<Vec<Outcome>> = rounds.iter().map(|t| t.linear.clone()).collect();
             Row {
                 pass: *pass,
                 config: cfg.clone(),
                 device: a.device,
                 flash: median_measurement(&flash),
                 standard_device: a.device,
-                standard: median_outcome(rounds.into_iter().map(|(_, s, _)| s).collect()),
+                standard: median_outcome(rounds.into_iter().map(|t| t.standard).collect()),
+                linear: linear.map(median_outcome),
                 gemm_percent,
                 gemm_ceiling,
             }
@@ -312,6 +322,16 @@ fn sweep(a: &BenchArgs, configs: &[(Pass, Config)], bar: &ProgressBar) -> CliRes
         .collect();
     let gemm_gflops = (!ceilings.is_empty()).then(|| median(ceilings));
     Ok(Sweep { rows, gemm_gflops })
+}
+
+/// One round's figures of one configuration.
+#[derive(Clone)]
+struct Timed {
+    flash: Measurement,
+    standard: Outcome,
+    linear: Option<Outcome>,
+    /// The sgemm rate timed around flashattn, with `--gemm`.
+    ceiling: Option<f64>,
 }
 
 /// The median of `v` (not empty; the lower middle of an even count).
@@ -322,7 +342,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// The round of median time (the lower middle of an even count), with the largest extra
 /// memory of any round.
-fn median_measurement(rounds: &[Measurement]) -> Measurement {
+pub fn median_measurement(rounds: &[Measurement]) -> Measurement {
     let mut sorted = rounds.to_vec();
     sorted.sort_by(|x, y| x.time_ms.total_cmp(&y.time_ms));
     let mut m = sorted[(sorted.len() - 1) / 2];
@@ -332,22 +352,38 @@ fn median_measurement(rounds: &[Measurement]) -> Measurement {
     m
 }
 
-/// The standard attention over the rounds: skipped when any round skipped it, else the
-/// median round.
-fn median_outcome(rounds: Vec<StandardOutcome>) -> StandardOutcome {
+/// A baseline over the rounds: skipped when any round skipped it, else the median round.
+fn median_outcome(rounds: Vec<Outcome>) -> Outcome {
     let mut ran = Vec::new();
     for outcome in rounds {
         match outcome {
-            StandardOutcome::Ran(m) => ran.push(m),
+            Outcome::Ran(m) => ran.push(m),
             skipped => return skipped,
         }
     }
-    StandardOutcome::Ran(median_measurement(&ran))
+    Outcome::Ran(median_measurement(&ran))
+}
+
+/// A progress bar of `steps` steps on stderr, its clock ticking on its own so that it moves
+/// during long configurations.
+pub fn progress_bar(steps: usize) -> CliResult<ProgressBar> {
+    let bar = ProgressBar::new(steps as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}",
+        )
+        .map_err(|e| fail(format!("progress bar template: {e}")))?,
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    Ok(bar)
 }
 
 /// Runs the sweep; prints the table and writes the chart and JSON asked for.
 pub fn run(a: &BenchArgs) -> CliResult<()> {
     a.validate()?;
+    if a.layer {
+        return layer_bench::run(a);
+    }
     device::ensure_available(a.device)?;
     for path in [&a.plot, &a.json].into_iter().flatten() {
         output::check_writable(path)?;
@@ -359,20 +395,11 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
     if let Some(note) = timing::load_note() {
         eprintln!("note: {note}");
     }
-    let steps = configs.len() * a.rounds as usize;
-    let bar = ProgressBar::new(steps as u64);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}",
-        )
-        .map_err(|e| fail(format!("progress bar template: {e}")))?,
-    );
-    // Ticks on its own so the clock moves during long configurations.
-    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    let bar = progress_bar(configs.len() * a.rounds as usize)?;
     let swept = sweep(a, &configs, &bar);
     bar.finish_and_clear();
     let Sweep { rows, gemm_gflops } = swept?;
-    print!("{}", render(&rows, a, gemm_gflops));
+    print!("{}", bench_table::render(&rows, a, gemm_gflops));
     for line in device::compile_report(a.device)? {
         println!("kernel {line}");
     }
@@ -389,136 +416,6 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
         println!("wrote {}", path.display());
     }
     Ok(())
-}
-
-/// The FLOP rate in the table's unit for runs on `device` (GFLOP/s on the CPU, TFLOP/s on a GPU).
-fn rate(m: &Measurement, device: Device) -> String {
-    match device {
-        Device::Cpu => format!("{:.1}", m.gflops),
-        Device::Cuda(_) => format!("{:.1}", m.gflops / 1e3),
-    }
-}
-
-/// An extra-memory cell: measured bytes, planned bytes marked `*`, or `n/a`.
-fn extra_cell(e: Extra) -> String {
-    match e {
-        Extra::Measured(b) | Extra::Device(b) => human(b),
-        Extra::Planned(b) => format!("{}*", human(b)),
-        Extra::Unknown => "n/a".into(),
-    }
-}
-
-/// The table and the notes under it; `gemm_gflops` is the sgemm rate of `--gemm`.
-fn render(rows: &[Row], a: &BenchArgs, gemm_gflops: Option<f64>) -> String {
-    let unit = match a.device {
-        Device::Cpu => "GFLOP/s",
-        Device::Cuda(_) => "TFLOP/s",
-    };
-    // The key length gets a column of its own where it may differ from the query length.
-    let keys = a.seqlens_k.is_some();
-    // So does the layout where a row is not in the default one.
-    let layouts = rows.iter().any(|r| r.config.layout != Layout::Bnhd);
-    let mut head = vec!["pass", "mask", "dtype"];
-    if layouts {
-        head.push("layout");
-    }
-    head.extend(["B", "H", "N"]);
-    if keys {
-        head.push("Nk");
-    }
-    head.extend(["D", "flash ms", unit]);
-    if gemm_gflops.is_some() {
-        head.push("% GEMM");
-    }
-    head.extend(["extra", "std ms", unit, "extra", "speedup", "memory"]);
-    let mut t = Table::new(&head);
-    let mut notes = Vec::new();
-    for r in rows {
-        let c = &r.config;
-        let mut cells = vec![
-            r.pass.name().to_string(),
-            if c.is_causal() { "causal" } else { "full" }.to_string(),
-            c.dtype.to_string(),
-        ];
-        if layouts {
-            cells.push(c.layout.name().to_string());
-        }
-        cells.extend([c.batch.to_string(), c.heads_label(), c.nq.to_string()]);
-        if keys {
-            cells.push(c.nk.to_string());
-        }
-        cells.extend([
-            c.d.to_string(),
-            format!("{:.2}", r.flash.time_ms),
-            rate(&r.flash, r.device),
-        ]);
-        cells.extend(r.gemm_percent.map(|p| format!("{p:.1}")));
-        cells.push(extra_cell(r.flash.extra));
-        match &r.standard {
-            StandardOutcome::Ran(s) => cells.extend([
-                format!("{:.2}", s.time_ms),
-                rate(s, a.device),
-                extra_cell(s.extra),
-                format!("{:.2}x", s.time_ms / r.flash.time_ms),
-                match (s.extra.bytes(), r.flash.extra.bytes()) {
-                    (Some(a), Some(b)) if b > 0 => format!("{:.0}x", a as f64 / b as f64),
-                    _ => "-".into(),
-                },
-            ]),
-            StandardOutcome::Skipped(why) => {
-                cells.extend([
-                    "skipped".to_string(),
-                    "-".into(),
-                    "-".into(),
-                    "-".into(),
-                    "-".into(),
-                ]);
-                notes.push(format!(
-                    "standard attention skipped at {} {}: {why}",
-                    r.pass.name(),
-                    c.describe()
-                ));
-            }
-        }
-        t.push(cells);
-    }
-    let heap = match a.device {
-        Device::Cpu => "peak heap",
-        Device::Cuda(_) => "peak device memory (the GPU's memory pool)",
-    };
-    let rounds = match a.rounds {
-        1 => String::new(),
-        r => format!(", median over {r} rounds"),
-    };
-    let mut out = format!(
-        "flashattn bench on {}: fastest of {} runs{rounds}; extra = {heap} beyond inputs and \
-         outputs; speedup = standard time / flashattn time; memory = standard extra / flashattn \
-         extra\n",
-        a.device, a.repeats
-    );
-    if let Some(g) = gemm_gflops {
-        out += &format!(
-            "sgemm {GEMM_N}x{GEMM_N}x{GEMM_N} f32 on {} threads: {g:.1} GFLOP/s (median of its \
-             timings); % GEMM = flashattn's rate / the mean of the sgemm rates timed just before \
-             and after it\n",
-            rayon::current_num_threads()
-        );
-    }
-    out += &t.render();
-    if rows.iter().any(
-        |r| matches!(r.standard, StandardOutcome::Ran(m) if matches!(m.extra, Extra::Planned(_))),
-    ) {
-        out += "*: device memory the standard attention allocates by design (this GPU has no \
-                memory pool to measure it); flashattn's is not measured (n/a)\n";
-    }
-    if rows.iter().any(|r| r.flash.extra.bytes() == Some(0)) {
-        out += "memory -: flashattn allocated nothing beyond its inputs and outputs (the ratio has \
-                no finite value)\n";
-    }
-    for n in notes {
-        out += &format!("note: {n}\n");
-    }
-    out
 }
 
 #[cfg(test)]
@@ -555,15 +452,15 @@ mod tests {
             (m.time_ms, m.gflops, m.extra),
             (4.0, 0.25, Extra::Measured(30))
         );
-        let ran = || StandardOutcome::Ran(timed(1.0, 1));
-        let skipped = StandardOutcome::Skipped("too big".into());
+        let ran = || Outcome::Ran(timed(1.0, 1));
+        let skipped = Outcome::Skipped("too big".into());
         assert!(matches!(
             median_outcome(vec![ran(), skipped, ran()]),
-            StandardOutcome::Skipped(why) if why == "too big"
+            Outcome::Skipped(why) if why == "too big"
         ));
         assert!(matches!(
             median_outcome(vec![ran(), ran()]),
-            StandardOutcome::Ran(m) if m.time_ms == 1.0
+            Outcome::Ran(m) if m.time_ms == 1.0
         ));
     }
 }

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::bench::{Pass, Row, StandardOutcome};
+use super::bench::{Outcome, Pass, Row};
 use super::inputs::Config;
 use super::output::write_bytes_atomic;
 use super::timing::Measurement;
@@ -13,7 +13,7 @@ use super::{CliResult, fail};
 /// One configuration and method.
 #[derive(Serialize)]
 struct Record {
-    /// `flashattn` or `standard`.
+    /// `flashattn`, `standard` or `linear` (linear attention, with `--linear`).
     method: &'static str,
     device: String,
     dtype: &'static str,
@@ -30,7 +30,8 @@ struct Record {
     causal: bool,
     /// Fastest run; `null` when skipped.
     time_ms: Option<f64>,
-    /// FLOP rate of the fastest run in GFLOP/s; `null` when skipped.
+    /// FLOP rate of the fastest run in GFLOP/s (linear attention's by its own count,
+    /// `2·B·D·Dv·(HK·Nk + H·Nq)` a forward); `null` when skipped.
     gflops: Option<f64>,
     /// Memory beyond inputs and outputs; `null` when skipped or not measured.
     extra_memory_bytes: Option<u64>,
@@ -89,13 +90,21 @@ pub fn to_json(rows: &[Row]) -> CliResult<String> {
         let mut flash = record(r, "flashattn", r.device.to_string(), Some(&r.flash));
         (flash.gemm_percent, flash.gemm_gflops) = (r.gemm_percent, r.gemm_ceiling);
         records.push(flash);
-        let std_device = r.standard_device.to_string();
-        match &r.standard {
-            StandardOutcome::Ran(m) => records.push(record(r, "standard", std_device, Some(m))),
-            StandardOutcome::Skipped(why) => {
-                let mut rec = record(r, "standard", std_device, None);
-                rec.skipped = Some(why.clone());
-                records.push(rec);
+        let baselines = [
+            ("standard", r.standard_device, Some(&r.standard)),
+            ("linear", r.device, r.linear.as_ref()),
+        ];
+        for (method, device, outcome) in baselines {
+            match outcome {
+                None => {}
+                Some(Outcome::Ran(m)) => {
+                    records.push(record(r, method, device.to_string(), Some(m)))
+                }
+                Some(Outcome::Skipped(why)) => {
+                    let mut rec = record(r, method, device.to_string(), None);
+                    rec.skipped = Some(why.clone());
+                    records.push(rec);
+                }
             }
         }
     }

@@ -1,25 +1,27 @@
 //! `flashattn run` on the fused layer's tensors (input `x` instead of q, k, v): inputs `x`,
-//! `w_qkv`, `b_qkv`, `w_o`, `b_o`, `positions`, `dy` (and `alibi_slopes`, `bias`, both
-//! cu_seqlens as for attention); outputs `y` and, with `dy`, `dx`, `dw_qkv`, `db_qkv`, `dw_o`,
-//! `db_o` (and `dbias` with a bias). The interface is fixed by issue 67.
+//! `w_qkv`, `b_qkv`, `w_o`, `b_o`, `positions`, `rel_bias`, `dy` (and `alibi_slopes`, `bias`,
+//! both cu_seqlens as for attention); outputs `y` and, with `dy`, `dx`, `dw_qkv`, `db_qkv`,
+//! `dw_o`, `db_o` (and `dbias` with a bias, `drel_bias` with `rel_bias`). The interface is fixed
+//! by issue 67.
 
 use flashattn::{
     LayerParams, LayerWeights, Rope, RopeStyle, Tensor, layer_backward, layer_forward,
 };
 
 use super::args::{Layout, RopeArg, RunArgs};
-use super::run::{cu_seqlens, float_dtype, named, tensor_of, warn_non_finite};
+use super::run::{cu_seqlens, f32_tensor, float_dtype, named, tensor_of, warn_non_finite};
 use super::tensor_files::{self, Data, Format, NamedTensor};
 use super::{CliResult, device, fail, output};
 
 /// Every tensor name the layer reads.
-const KNOWN: [&str; 11] = [
+const KNOWN: [&str; 12] = [
     "x",
     "w_qkv",
     "b_qkv",
     "w_o",
     "b_o",
     "positions",
+    "rel_bias",
     "dy",
     "alibi_slopes",
     "bias",
@@ -35,7 +37,7 @@ fn require<'a>(tensors: &'a [NamedTensor], name: &str) -> CliResult<&'a NamedTen
     get(tensors, name).ok_or_else(|| {
         fail(format!(
             "tensor `{name}` is missing (the fused layer reads x, w_qkv, w_o; optional b_qkv, \
-             b_o, positions, dy)"
+             b_o, positions, rel_bias, dy)"
         ))
     })
 }
@@ -95,6 +97,9 @@ fn params(a: &RunArgs, tensors: &[NamedTensor], x: &NamedTensor) -> CliResult<La
     if let Some(s) = get(tensors, "alibi_slopes") {
         att.alibi_slopes = Some(tensor_of(s)?);
     }
+    if let Some(t) = get(tensors, "rel_bias") {
+        att.rel_bias = Some(f32_tensor(t)?);
+    }
     if let Some(b) = get(tensors, "bias") {
         float_dtype(b)?;
         att.bias = Some(tensor_of(b)?);
@@ -138,6 +143,7 @@ pub fn run(a: &RunArgs, tensors: &[NamedTensor], out_format: Format) -> CliResul
     let dy = on_opt(floats("dy")?)?;
     p.attention.alibi_slopes = p.attention.alibi_slopes.as_ref().map(on).transpose()?;
     p.attention.bias = p.attention.bias.as_ref().map(on).transpose()?;
+    p.attention.rel_bias = p.attention.rel_bias.as_ref().map(on).transpose()?;
     warn_non_finite(tensors);
     tensor_files::check_storable(&a.output, out_format, dtype)?;
     let out_file = output::PendingFile::create(&a.output)?;
@@ -154,6 +160,7 @@ pub fn run(a: &RunArgs, tensors: &[NamedTensor], out_format: Format) -> CliResul
             ("dw_o", Some(&g.dw_o)),
             ("db_o", g.db_o.as_ref()),
             ("dbias", g.dbias.as_ref()),
+            ("drel_bias", g.drel_bias.as_ref()),
         ];
         for (name, t) in grads {
             if let Some(t) = t {

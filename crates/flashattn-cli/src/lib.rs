@@ -7,11 +7,14 @@
 mod accuracy;
 mod args;
 mod bench;
+mod bench_table;
 mod check;
 mod device;
 mod inputs;
 mod json;
+mod layer_bench;
 mod layer_run;
+mod linear_bench;
 mod linear_run;
 mod memory;
 mod output;

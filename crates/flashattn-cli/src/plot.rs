@@ -1,5 +1,5 @@
-//! `bench --plot`: speed and extra memory against sequence length, flashattn (solid lines) and
-//! the standard attention (dashed), as PNG or SVG. Text is drawn with DejaVu Sans, embedded in the
+//! `bench --plot`: speed and extra memory against sequence length, flashattn (solid lines), the
+//! standard attention (dashed) and, with `--linear`, linear attention (dotted), as PNG or SVG. Text is drawn with DejaVu Sans, embedded in the
 //! binary (`assets/fonts/`, with its license), so no system font is needed.
 
 use std::path::Path;
@@ -10,7 +10,7 @@ use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
 
 use super::args::Layout;
-use super::bench::{Row, StandardOutcome};
+use super::bench::{Outcome, Row};
 use super::output::write_bytes_atomic;
 use super::timing::Measurement;
 use super::{CliResult, fail};
@@ -20,6 +20,9 @@ const SIZE: (u32, u32) = (1400, 620);
 const MIB: f64 = 1024.0 * 1024.0;
 /// Memory below this (MiB) is drawn at this value: a log axis has no 0.
 const MEMORY_FLOOR_MIB: f64 = 1e-3;
+/// Dash and gap (pixels) of the standard attention's lines and of linear attention's.
+const STANDARD_DASH: (u32, u32) = (10, 6);
+const LINEAR_DASH: (u32, u32) = (3, 5);
 const COLORS: [RGBColor; 6] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
@@ -53,12 +56,15 @@ pub fn check_extension(path: &Path) -> CliResult<()> {
 
 /// One line of the chart: a method on one (pass, dtype, head dim, mask, and key length or
 /// layout where those vary) over sequence lengths.
+type Point = (f64, f64, f64, f64);
+
 struct Series {
     label: String,
     color: RGBColor,
-    dashed: bool,
-    /// (seqlen, rate in the chart's unit, extra MiB or NaN when not known).
-    points: Vec<(f64, f64, f64)>,
+    /// Dash length and gap in pixels; `None`: a solid line.
+    dash: Option<(u32, u32)>,
+    /// (seqlen, rate in the chart's unit, extra MiB or NaN when not known, time in ms).
+    points: Vec<Point>,
 }
 
 /// The series of `rows`, rates in GFLOP/s divided by `gflops_per_unit`.
@@ -96,6 +102,7 @@ fn series(rows: &[Row], gflops_per_unit: f64) -> Vec<Series> {
             m.extra
                 .bytes()
                 .map_or(f64::NAN, |b| (b as f64 / MIB).max(MEMORY_FLOOR_MIB)),
+            m.time_ms,
         )
     };
     let mut out = Vec::new();
@@ -104,26 +111,40 @@ fn series(rows: &[Row], gflops_per_unit: f64) -> Vec<Series> {
         out.push(Series {
             label: format!("flashattn {key}"),
             color,
-            dashed: false,
+            dash: None,
             points: rs.iter().map(|r| point(r, &r.flash)).collect(),
         });
-        let std_points: Vec<_> = rs
-            .iter()
-            .filter_map(|r| match &r.standard {
-                StandardOutcome::Ran(m) => Some(point(r, m)),
-                StandardOutcome::Skipped(_) => None,
-            })
-            .collect();
-        if !std_points.is_empty() {
-            out.push(Series {
-                label: format!("standard {key}"),
-                color,
-                dashed: true,
-                points: std_points,
-            });
+        let baselines = [
+            ("standard", STANDARD_DASH, false),
+            ("linear", LINEAR_DASH, true),
+        ];
+        for (method, dash, linear) in baselines {
+            let points: Vec<_> = rs
+                .iter()
+                .filter_map(|r| match baseline(r, linear) {
+                    Some(Outcome::Ran(m)) => Some(point(r, m)),
+                    _ => None,
+                })
+                .collect();
+            if !points.is_empty() {
+                out.push(Series {
+                    label: format!("{method} {key}"),
+                    color,
+                    dash: Some(dash),
+                    points,
+                });
+            }
         }
     }
     out
+}
+
+/// A row's standard attention, or its linear attention (with `--linear`).
+fn baseline(r: &Row, linear: bool) -> Option<&Outcome> {
+    match linear {
+        false => Some(&r.standard),
+        true => r.linear.as_ref(),
+    }
 }
 
 type DrawResult = Result<(), Box<dyn std::error::Error>>;
@@ -135,7 +156,7 @@ fn panel<DB: DrawingBackend>(
     title: &str,
     y_desc: &str,
     log_y: bool,
-    value: fn(&(f64, f64, f64)) -> f64,
+    value: fn(&Point) -> f64,
     legend: bool,
 ) -> DrawResult
 where
@@ -193,17 +214,18 @@ where
                     continue;
                 }
                 let legend_style = style(s);
-                if s.dashed {
-                    chart.draw_series(DashedLineSeries::new(pts.clone(), 10, 6, style(s)))?;
-                } else {
-                    chart.draw_series(LineSeries::new(pts.clone(), style(s)))?;
-                }
-                let dashed = s.dashed;
+                match s.dash {
+                    Some((on, off)) => {
+                        chart.draw_series(DashedLineSeries::new(pts.clone(), on, off, style(s)))?
+                    }
+                    None => chart.draw_series(LineSeries::new(pts.clone(), style(s)))?,
+                };
+                // The legend's stroke: one dash, or a solid stretch.
+                let len = s.dash.map_or(24, |(on, _)| on as i32);
                 chart
                     .draw_series(pts.iter().map(|&p| Circle::new(p, 4, style(s).filled())))?
                     .label(s.label.clone())
                     .legend(move |(x, y)| {
-                        let len = if dashed { 10 } else { 24 };
                         PathElement::new(vec![(x, y), (x + len, y)], legend_style)
                     });
             }
@@ -235,8 +257,12 @@ where
 {
     root.fill(&WHITE)?;
     let first = &rows[0];
+    let linear = match rows.iter().any(|r| r.linear.is_some()) {
+        true => ", linear attention (dotted)",
+        false => "",
+    };
     let title = format!(
-        "flashattn (solid) vs standard attention (dashed) on {}, B={} H={}",
+        "flashattn (solid) vs standard attention (dashed){linear} on {}, B={} H={}",
         first.device, first.config.batch, first.config.heads
     );
     let (top, rest) = root.split_vertically(44);
@@ -245,7 +271,7 @@ where
     // One note per sequence length (the masks and head dims of one length share the reason).
     let mut skipped: Vec<(usize, &str)> = Vec::new();
     for r in rows {
-        if let StandardOutcome::Skipped(why) = &r.standard
+        if let Outcome::Skipped(why) = &r.standard
             && !skipped.iter().any(|s| s.0 == r.config.nq)
         {
             skipped.push((r.config.nq, why));
@@ -262,13 +288,19 @@ where
             skipped.join("; ")
         ));
     }
+    if let Some(why) = rows.iter().find_map(|r| match &r.linear {
+        Some(Outcome::Skipped(why)) => Some(why),
+        _ => None,
+    }) {
+        notes.push(format!("linear attention skipped: {why}"));
+    }
     let floored = rows.iter().any(|r| {
         let small = |m: &Measurement| {
             m.extra
                 .bytes()
                 .is_some_and(|b| (b as f64) < MEMORY_FLOOR_MIB * MIB)
         };
-        small(&r.flash) || matches!(&r.standard, StandardOutcome::Ran(m) if small(m))
+        small(&r.flash) || matches!(&r.standard, Outcome::Ran(m) if small(m))
     });
     if floored {
         notes.push(format!(
@@ -289,7 +321,13 @@ where
         Device::Cuda(_) => (1e3, "TFLOP/s"),
     };
     let all = series(rows, per_unit);
-    panel(&left, &all, "Speed", unit, false, |p| p.1, false)?;
+    // Linear attention's FLOPs are not softmax attention's: beside it, times compare.
+    if rows.iter().any(|r| r.linear.is_some()) {
+        let y = "ms (log scale)";
+        panel(&left, &all, "Time per call", y, true, |p| p.3, false)?;
+    } else {
+        panel(&left, &all, "Speed", unit, false, |p| p.1, false)?;
+    }
     panel(
         &right,
         &all,
@@ -349,7 +387,7 @@ mod tests {
     use crate::timing::Extra;
     use flashattn::Device;
 
-    fn row(n: usize, standard: StandardOutcome) -> Row {
+    fn row(n: usize, standard: Outcome) -> Row {
         Row {
             pass: Pass::Forward,
             config: Config::new(1, 8, n, 64),
@@ -361,6 +399,7 @@ mod tests {
             },
             standard_device: Device::Cpu,
             standard,
+            linear: None,
             gemm_percent: None,
             gemm_ceiling: None,
         }
@@ -368,7 +407,7 @@ mod tests {
 
     #[test]
     fn chart_has_titles_legend_and_the_skip_note() {
-        let std_run = StandardOutcome::Ran(Measurement {
+        let std_run = Outcome::Ran(Measurement {
             time_ms: 3.0,
             gflops: 40.0,
             extra: Extra::Measured(64 << 20),
@@ -376,7 +415,7 @@ mod tests {
         let rows = vec![
             row(1024, std_run.clone()),
             row(2048, std_run),
-            row(32768, StandardOutcome::Skipped("needs 32.5 GiB".into())),
+            row(32768, Outcome::Skipped("needs 32.5 GiB".into())),
         ];
         assert!(register_font("sans-serif", FontStyle::Normal, FONT).is_ok());
         let mut svg = String::new();
@@ -399,7 +438,7 @@ mod tests {
 
     #[test]
     fn each_layout_is_a_line_of_its_own() {
-        let skipped = || StandardOutcome::Skipped("--no-standard".into());
+        let skipped = || Outcome::Skipped("--no-standard".into());
         let mut rows = vec![row(512, skipped()), row(1024, skipped())];
         for n in [512, 1024] {
             let mut r = row(n, skipped());

@@ -257,7 +257,7 @@ pub(super) fn qkv_inputs(
 }
 
 /// An input that must be f32 (the ALiBi slopes, the relative-position table) as a tensor.
-fn f32_tensor(t: &NamedTensor) -> CliResult<Tensor> {
+pub(super) fn f32_tensor(t: &NamedTensor) -> CliResult<Tensor> {
     if !matches!(t.data, Data::F32(_)) {
         return Err(fail(format!(
             "tensor `{}`: expected dtype f32, found {}",

@@ -1,5 +1,5 @@
 //! `flashattn run` on the fused layer's tensors (issue 67's fixed interface): x, w_qkv, b_qkv,
-//! w_o, b_o, positions and dy in; y and the gradients out, equal to the library's
+//! w_o, b_o, positions, rel_bias and dy in; y and the gradients out, equal to the library's
 //! `layer_forward`/`layer_backward` on the same tensors (which `tests/cpu_layer.rs` checks
 //! against the f64 oracles); and its error paths (exit 2, the argument named, no output).
 
@@ -72,6 +72,7 @@ fn library(inputs: &[Input], p: &LayerParams) -> Vec<(&'static str, Vec<f64>)> {
         ]);
         r.extend(g.db_qkv.as_ref().map(|b| ("db_qkv", v(b))));
         r.extend(g.db_o.as_ref().map(|b| ("db_o", v(b))));
+        r.extend(g.drel_bias.as_ref().map(|b| ("drel_bias", v(b))));
     }
     r
 }
@@ -120,6 +121,20 @@ fn layer_forward_and_backward_through_the_file() {
         .rope(Rope::new(RopeStyle::Half).base(500.0))
         .positions(pos)
         .attention(AttentionParams::default().causal());
+    assert_matches(&out, &library(&inputs, &p));
+
+    // A relative-position table [heads, 2L - 1] with L = 4 (shorter than the sequences, so the
+    // clamp is exercised): drel_bias comes out beside the other gradients.
+    let mut inputs = layer_inputs(&mut rng, Dtype::F32, true, true);
+    inputs.push(random(&mut rng, "rel_bias", &[4, 7], Dtype::F32));
+    let out = run(&dir, &inputs, &["--heads", "4", "--heads-kv", "2"]);
+    assert_eq!(out["drel_bias"].0, vec![4, 7]);
+    assert!(out["drel_bias"].2.iter().any(|&g| g != 0.0));
+    let att = AttentionParams {
+        rel_bias: find(&inputs, "rel_bias").map(tensor),
+        ..Default::default()
+    };
+    let p = LayerParams::new(4, 2).attention(att);
     assert_matches(&out, &library(&inputs, &p));
 
     // bf16, interleaved over 4 of the 6 dims, no biases, forward only.
@@ -241,6 +256,16 @@ fn layer_errors_name_the_argument_and_leave_no_output() {
         &with("q", &[2, 9, 4, 6], Dtype::F32, &mut rng),
         &heads,
         &["unexpected tensor `q`"],
+    );
+    expect_error(
+        &with("rel_bias", &[4, 7], Dtype::F16, &mut rng),
+        &heads,
+        &["rel_bias", "f32"],
+    );
+    expect_error(
+        &with("rel_bias", &[3, 7], Dtype::F32, &mut rng),
+        &heads,
+        &["rel_bias"],
     );
     let mut short = with("dy", &[2, 9, 12], Dtype::F32, &mut rng);
     short.push(int32("positions", &[0, 1, 2]));

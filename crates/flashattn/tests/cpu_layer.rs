@@ -1,16 +1,19 @@
 //! The fused layer on the CPU against the composition of f64 oracles (projection, rotation,
 //! attention, projection) for y and all five gradients: awkward small sizes, GQA, both rotary
 //! conventions, a rotary dim below head_dim, given positions, causal, softcap, varlen and every
-//! dtype; and a typed error naming the argument for every mismatch.
+//! dtype; the six gradients (with the relative-position table's) against central differences;
+//! the separate-calls yardstick of `bench --layer` against the same oracles; and a typed error
+//! naming the argument for every mismatch.
 
 mod common;
 
-use common::layer::{LayerCase, check, results};
+use common::layer::{LayerCase, LayerInputs, check, results};
 use common::rng;
 use flashattn::internals::set_poison_outputs;
+use flashattn::reference::unfused_layer;
 use flashattn::{
-    AttentionParams, DType, LayerParams, LayerWeights, Rope, RopeStyle, Tensor, layer_backward,
-    layer_forward,
+    AttentionParams, DType, LayerOutput, LayerParams, LayerWeights, Rope, RopeStyle, Tensor,
+    layer_backward, layer_forward,
 };
 
 fn run_cases(test: &str, seed0: u64, cases: &[LayerCase]) {
@@ -91,6 +94,150 @@ fn attention_options_and_varlen() {
             .dtype(DType::BF16),
     ];
     run_cases("layer options", 672_000, &cases);
+}
+
+/// The bench's yardstick, the same steps as separate calls (`reference::unfused_layer`), meets
+/// the same bounds against the oracle composition.
+#[test]
+fn separate_calls_meet_the_same_bounds() {
+    set_poison_outputs(true);
+    let cases = [
+        LayerCase::new(2, 11, 20, 8)
+            .heads(4, 2)
+            .rope(RopeStyle::Half, None)
+            .causal(),
+        LayerCase::new(1, 9, 12, 6)
+            .heads(3, 1)
+            .rope(RopeStyle::Interleaved, Some(4))
+            .positions()
+            .dtype(DType::BF16),
+        LayerCase::new(1, 1, 12, 8)
+            .varlen(&[5, 1, 12])
+            .rope(RopeStyle::Half, Some(6))
+            .no_biases(),
+        LayerCase::new(2, 7, 10, 4).dtype(DType::F16),
+    ];
+    for (n, case) in cases.iter().enumerate() {
+        let li = case.inputs(&mut rng(673_000 + n as u64));
+        let u = unfused_layer::forward(&li.x, &li.w, &li.p).expect("unfused forward");
+        let g = unfused_layer::backward(&li.x, &li.w, &li.p, &u, &li.dy).expect("unfused backward");
+        // Saved tensors of the wrong shape are typed errors, not panics.
+        let mut bad = u.clone();
+        bad.q = bad.attention.lse.clone();
+        let e = unfused_layer::backward(&li.x, &li.w, &li.p, &bad, &li.dy).unwrap_err();
+        assert!(e.argument().is_some(), "{e}");
+        let f = LayerOutput {
+            y: u.y,
+            qkv: u.qkv,
+            attention: u.attention,
+        };
+        check(case, &li, &results(&f, &g));
+    }
+}
+
+/// The tensor of `li` that gradient `NAMES_FD[i]` is of.
+fn slot(li: &mut LayerInputs, i: usize) -> &mut Tensor {
+    match i {
+        0 => &mut li.x,
+        1 => &mut li.w.w_qkv,
+        2 => li.w.b_qkv.as_mut().expect("b_qkv"),
+        3 => &mut li.w.w_o,
+        4 => li.w.b_o.as_mut().expect("b_o"),
+        _ => li.p.attention.rel_bias.as_mut().expect("rel_bias"),
+    }
+}
+
+const NAMES_FD: [&str; 6] = ["dx", "dw_qkv", "db_qkv", "dw_o", "db_o", "drel_bias"];
+
+/// `Σ dy·y` in f64.
+fn loss(li: &LayerInputs) -> f64 {
+    let y = layer_forward(&li.x, &li.w, &li.p).expect("layer forward");
+    let (y, dy) = (y.y.to_f64_vec().unwrap(), li.dy.to_f64_vec().unwrap());
+    y.iter().zip(&dy).map(|(a, b)| a * b).sum()
+}
+
+/// Central differences of `Σ dy·y` in every element of every input, with step `h`.
+fn central_differences(li: &mut LayerInputs, h: f32) -> Vec<Vec<f64>> {
+    (0..NAMES_FD.len())
+        .map(|i| {
+            let t = slot(li, i).clone();
+            let (shape, base) = (t.shape().to_vec(), t.to_f32_vec().unwrap());
+            let mut at = |j: usize, step: f32| {
+                let mut v = base.clone();
+                v[j] += step;
+                *slot(li, i) = Tensor::from_vec(v, &shape).unwrap();
+                loss(li)
+            };
+            let fd = (0..base.len())
+                .map(|j| (at(j, h) - at(j, -h)) / (2.0 * f64::from(h)))
+                .collect();
+            *slot(li, i) = t;
+            fd
+        })
+        .collect()
+}
+
+/// The step of the central differences: in f32 the truncation error (~h²) and the forward's
+/// rounding over 2h (~1e-7/h) are both near 1e-5 of the gradients' norms at h = 1e-2, the best
+/// of 3e-2, 1e-2, 3e-3 and 1e-3 tried (worst seen 4.4e-5 for the nonlinear inputs, 3e-6 for
+/// w_o and b_o, in which the loss is linear).
+const FD_STEP: f32 = 1e-2;
+/// A wrong term of a gradient shows as an error of order 0.1-1; this is ~4.5x the worst seen.
+const FD_TOL: f64 = 2e-4;
+
+/// layer_backward's six gradients against central differences of `Σ dy·y` on tiny f32 shapes
+/// with random inputs: GQA, both rotary conventions, given positions, causal, softcap, and a
+/// relative-position table shorter than the sequences.
+#[test]
+fn gradients_match_central_differences() {
+    set_poison_outputs(true);
+    let cases = [
+        LayerCase::new(1, 5, 6, 4)
+            .heads(2, 1)
+            .rope(RopeStyle::Half, None),
+        LayerCase::new(2, 4, 5, 6)
+            .heads(2, 2)
+            .rope(RopeStyle::Interleaved, Some(4))
+            .positions()
+            .causal()
+            .softcap(3.0),
+        LayerCase::new(1, 1, 6, 4)
+            .varlen(&[3, 5])
+            .heads(2, 1)
+            .rope(RopeStyle::Half, Some(2))
+            .positions(),
+    ];
+    let mut worst = 0f64;
+    for (n, case) in cases.iter().enumerate() {
+        let mut rng = rng(674_000 + n as u64);
+        let mut li = case.inputs(&mut rng);
+        let l = 3;
+        let table = common::values(&mut rng, case.heads * (2 * l - 1), 1.0);
+        li.p.attention.rel_bias = Some(Tensor::from_vec(table, &[case.heads, 2 * l - 1]).unwrap());
+        let f = layer_forward(&li.x, &li.w, &li.p).unwrap();
+        let g = layer_backward(&li.x, &li.w, &li.p, &f, &li.dy).unwrap();
+        let got = [
+            Some(&g.dx),
+            Some(&g.dw_qkv),
+            g.db_qkv.as_ref(),
+            Some(&g.dw_o),
+            g.db_o.as_ref(),
+            g.drel_bias.as_ref(),
+        ];
+        let fd = central_differences(&mut li, FD_STEP);
+        for (i, (t, fd)) in got.iter().zip(&fd).enumerate() {
+            let t = t.expect("every gradient").to_f64_vec().unwrap();
+            let err = common::rel(&t, fd);
+            assert!(
+                err <= FD_TOL,
+                "{}: {} {err:.3e} from central differences",
+                case.describe(),
+                NAMES_FD[i]
+            );
+            worst = worst.max(err);
+        }
+    }
+    println!("layer central differences: worst relative error {worst:.3e}");
 }
 
 /// Every mismatch is a typed error naming the argument; nothing panics.

@@ -20,7 +20,7 @@ pub(crate) struct CpuSteps;
 type Operand<'a> = (&'a [f32], usize, usize);
 
 /// `t`'s elements in row-major order as f32: borrowed when it is a contiguous f32 tensor.
-fn f32_rows(t: &Tensor) -> Result<Cow<'_, [f32]>> {
+pub(crate) fn f32_rows(t: &Tensor) -> Result<Cow<'_, [f32]>> {
     if t.dtype() == DType::F32
         && t.is_contiguous()
         && let Some(all) = t.cpu_slice::<f32>()
@@ -99,7 +99,7 @@ fn column_sums(g: &[f32], n: usize) -> Vec<f32> {
 }
 
 /// A tensor of `shape` holding `data` rounded to `dtype`.
-fn tensor_of(data: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
+pub(crate) fn tensor_of(data: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
     let t = Tensor::from_vec(data, shape)?;
     match dtype {
         DType::F32 => Ok(t),

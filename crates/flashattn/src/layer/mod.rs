@@ -19,12 +19,12 @@
 //! GEMMs and the rotation in f32 (the `gemm` crate's f32 kernels) and round once into the
 //! packed buffer; on the GPU cuBLAS takes the dtype itself, with f32 accumulation.
 
-mod cpu;
+pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 pub mod params;
 pub(crate) mod rope;
-mod shape;
+pub(crate) mod shape;
 
 use crate::backend::BackwardInputs;
 use crate::error::Result;
@@ -67,21 +67,21 @@ pub struct LayerGradients {
 
 /// The gradients the output projection gives: the attention's upstream gradient and those of
 /// `w_o` and `b_o`.
-struct OutGrads {
-    dout: Tensor,
-    dw_o: Tensor,
-    db_o: Option<Tensor>,
+pub(crate) struct OutGrads {
+    pub(crate) dout: Tensor,
+    pub(crate) dw_o: Tensor,
+    pub(crate) db_o: Option<Tensor>,
 }
 
 /// The gradients the QKV projection gives from the packed gradient.
-struct QkvGrads {
-    dx: Tensor,
-    dw_qkv: Tensor,
-    db_qkv: Option<Tensor>,
+pub(crate) struct QkvGrads {
+    pub(crate) dx: Tensor,
+    pub(crate) dw_qkv: Tensor,
+    pub(crate) db_qkv: Option<Tensor>,
 }
 
 /// The steps of the layer on one device; the attention between them is the public API's.
-trait LayerSteps: Sync {
+pub(crate) trait LayerSteps: Sync {
     /// The packed, rotated `x·w_qkv + b_qkv`.
     fn qkv(&self, s: &LayerShape, x: &Tensor, w: &LayerWeights) -> Result<Tensor>;
     /// `out·w_o + b_o`.

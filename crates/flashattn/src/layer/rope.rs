@@ -29,10 +29,23 @@ pub(crate) fn pair(style: RopeStyle, p: usize, half: usize) -> (usize, usize) {
 /// f32 buffer in place, by the row's angles, or by their negatives with `inverse` (the
 /// transpose, which takes the gradient of the rotated values back to the projected ones).
 pub(crate) fn rotate_rows(buf: &mut [f32], s: &LayerShape, rope: &RopeOf, inverse: bool) {
+    rotate_heads(buf, s.cols, s.heads + s.heads_kv, s, rope, inverse);
+}
+
+/// [`rotate_rows`] on the first `heads` heads of rows `row_len` apart (one tensor of q or k
+/// heads alone: `row_len = heads · head_dim`).
+pub(crate) fn rotate_heads(
+    buf: &mut [f32],
+    row_len: usize,
+    heads: usize,
+    s: &LayerShape,
+    rope: &RopeOf,
+    inverse: bool,
+) {
     let freqs = inv_freq(rope);
-    let (d, half, heads) = (s.head_dim, rope.dim / 2, s.heads + s.heads_kv);
+    let (d, half) = (s.head_dim, rope.dim / 2);
     let sign = if inverse { -1.0 } else { 1.0 };
-    buf.par_chunks_mut(s.cols)
+    buf.par_chunks_mut(row_len)
         .zip(&s.positions)
         .for_each(|(row, &t)| {
             for (p, &f) in freqs.iter().enumerate() {
