@@ -8,7 +8,9 @@
 //!   runs where the tensors live (the CPU path is always available); [`forward_into`] and
 //!   [`backward_into`] write into tensors the caller keeps from call to call.
 //! * Options: scale, causal and sliding windows ([`Window`]), ALiBi, softcap, additive bias,
-//!   MQA/GQA, packed variable-length batches, head dims 1..=512 (V's may differ).
+//!   relative-position bias, the diagonal offset ([`AttentionParams::diagonal`]: query `i` at
+//!   key `i + d`, for ring attention's blocks; CPU only for now), MQA/GQA, packed
+//!   variable-length batches, head dims 1..=512 (V's may differ).
 //! * [`layer_forward`] and [`layer_backward`]: the fused attention layer (QKV projection, rotary
 //!   embedding, attention, output projection) built on them.
 //! * [`linear_forward`] and [`linear_backward`]: linear attention (a feature map instead of the
@@ -54,7 +56,7 @@ pub use layer::{LayerGradients, LayerOutput, layer_backward, layer_forward};
 pub use linear::{FeatureMap, LinearGradients, LinearParams, linear_backward, linear_forward};
 pub use mask::{Mask, Window};
 pub use outputs::{ForwardOutput, Gradients};
-pub use params::{AttentionParams, VarLen};
+pub use params::{AttentionParams, MAX_DIAGONAL, VarLen};
 pub use tensor::{Device, Tensor};
 
 /// For flashattn's own tools and tests, not part of the API: the validated problem, the switch

@@ -1,8 +1,9 @@
 //! The one mask predicate. Causal attention is the window (left = ∞, right = 0); no mask is (∞, ∞).
 //!
-//! Queries and keys are aligned bottom-right: query `i` sits at key position `i + nk - nq`, so with
-//! `nq < nk` the last query sees every key, and with `nq > nk` the first `nq - nk` causal rows see
-//! no key at all (their output is 0 and their log-sum-exp is −∞).
+//! Query `i` sits at key position `i + diag`. By default queries and keys are aligned
+//! bottom-right, `diag = nk - nq`, so with `nq < nk` the last query sees every key, and with
+//! `nq > nk` the first `nq - nk` causal rows see no key at all (their output is 0 and their
+//! log-sum-exp is −∞).
 
 /// A sliding window of keys around each query's diagonal position; `None` is unbounded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -39,22 +40,30 @@ impl Window {
 /// The window resolved for one sequence of `nq` queries and `nk` keys.
 #[derive(Clone, Copy, Debug)]
 pub struct Mask {
-    /// Key position of query 0's diagonal: `nk - nq`.
+    /// Key position of query 0's diagonal.
     diag: i64,
     left: i64,
     right: i64,
+    nq: i64,
     nk: i64,
 }
 
 impl Mask {
-    /// The window for a sequence of `nq` queries over `nk` keys.
+    /// The window for a sequence of `nq` queries over `nk` keys, aligned bottom-right.
     pub fn new(window: Window, nq: usize, nk: usize) -> Self {
+        Mask::with_diagonal(window, nq, nk, nk as i64 - nq as i64)
+    }
+
+    /// The window for `nq` queries over `nk` keys, query `i`'s diagonal at key `i + diag`
+    /// (`|diag|` at most [`crate::MAX_DIAGONAL`], sizes below 2^60, so no sum overflows).
+    pub fn with_diagonal(window: Window, nq: usize, nk: usize, diag: i64) -> Self {
         let clamp =
             |w: Option<usize>| w.map_or(i64::MAX / 4, |w| w.min(i64::MAX as usize / 4) as i64);
         Mask {
-            diag: nk as i64 - nq as i64,
+            diag,
             left: clamp(window.left),
             right: clamp(window.right),
+            nq: nq as i64,
             nk: nk as i64,
         }
     }
@@ -93,9 +102,8 @@ impl Mask {
         if keys.is_empty() {
             return 0..0;
         }
-        let nq = self.nk - self.diag;
-        let lo = (keys.start as i64 - self.diag - self.right).clamp(0, nq);
-        let hi = (keys.end as i64 - self.diag + self.left).clamp(0, nq);
+        let lo = (keys.start as i64 - self.diag - self.right).clamp(0, self.nq);
+        let hi = (keys.end as i64 - self.diag + self.left).clamp(0, self.nq);
         if lo >= hi {
             0..0
         } else {
@@ -138,15 +146,15 @@ impl Mask {
 mod tests {
     use super::*;
 
-    fn brute(w: Window, nq: usize, nk: usize) {
-        let m = Mask::new(w, nq, nk);
+    fn brute(w: Window, nq: usize, nk: usize, diag: i64) {
+        let m = Mask::with_diagonal(w, nq, nk, diag);
         for i in 0..nq {
             let r = m.key_range(i);
             for j in 0..nk {
                 assert_eq!(
                     m.visible(i, j),
                     r.contains(&j),
-                    "{w:?} nq={nq} nk={nk} i={i} j={j}"
+                    "{w:?} nq={nq} nk={nk} diag={diag} i={i} j={j}"
                 );
             }
         }
@@ -157,7 +165,7 @@ mod tests {
                     .filter(|&i| keys.clone().any(|j| m.visible(i, j)))
                     .collect();
                 let got: Vec<usize> = m.query_range_for_keys(keys.clone()).collect();
-                assert_eq!(got, want, "{w:?} nq={nq} nk={nk} keys {keys:?}");
+                assert_eq!(got, want, "{w:?} nq={nq} nk={nk} diag={diag} keys {keys:?}");
             }
             for q0 in (0..nq).step_by(bs) {
                 let rows = q0..(q0 + bs).min(nq);
@@ -165,7 +173,10 @@ mod tests {
                     .filter(|&j| rows.clone().all(|i| m.visible(i, j)))
                     .collect();
                 let got: Vec<usize> = m.keys_seen_by_all(rows.clone()).collect();
-                assert_eq!(got, by_all, "{w:?} nq={nq} nk={nk} rows {rows:?}");
+                assert_eq!(
+                    got, by_all,
+                    "{w:?} nq={nq} nk={nk} diag={diag} rows {rows:?}"
+                );
                 for k0 in (0..nk).step_by(bs) {
                     let keys = k0..(k0 + bs).min(nk);
                     let any = rows.clone().any(|i| keys.clone().any(|j| m.visible(i, j)));
@@ -190,7 +201,11 @@ mod tests {
         ];
         for w in windows {
             for (nq, nk) in [(1, 1), (7, 7), (7, 20), (20, 7), (33, 65), (0, 5), (5, 0)] {
-                brute(w, nq, nk);
+                // Bottom-right, then diagonals before, at and past the keys.
+                let (nq_i, nk_i) = (nq as i64, nk as i64);
+                for diag in [nk_i - nq_i, -nq_i - 2, -3, 0, 5, nk_i + 2] {
+                    brute(w, nq, nk, diag);
+                }
             }
         }
     }
@@ -203,5 +218,17 @@ mod tests {
         let m = Mask::new(Window::CAUSAL, 5, 2);
         assert!(m.key_range(0).is_empty());
         assert_eq!(m.key_range(4), 0..2);
+    }
+
+    #[test]
+    fn a_diagonal_moves_the_window() {
+        // Queries 0..4 of a block at global position 8, keys of a block at 4: diag 4.
+        let m = Mask::with_diagonal(Window::CAUSAL, 4, 6, 4);
+        assert_eq!(m.key_range(0), 0..5);
+        assert_eq!(m.key_range(3), 0..6);
+        let m = Mask::with_diagonal(Window::new(Some(1), Some(0)), 4, 6, -2);
+        assert!(m.key_range(1).is_empty());
+        assert_eq!(m.key_range(2), 0..1);
+        assert_eq!(m.key_range(3), 0..2);
     }
 }

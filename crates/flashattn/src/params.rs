@@ -1,19 +1,24 @@
 //! Every option of an attention call, in one struct.
 //!
 //! The order of operations is fixed (as in FlashAttention-2), for query `i` and key `j` of a
-//! sequence with `nq` queries and `nk` keys:
+//! sequence with `nq` queries and `nk` keys, query `i`'s diagonal at key `i + d` (`d` the
+//! [`AttentionParams::diagonal`], by default `nk − nq`):
 //!
 //! 1. `s = (q_i · k_j) · scale`
 //! 2. softcap: `s = cap · tanh(s / cap)`
-//! 3. ALiBi and biases: `s = s − slope · |i + nk − nq − j| + bias[b, h, i, j] + rel_bias[h, r]`,
-//!    `r = clamp(j − (i + nk − nq), −(L − 1), L − 1) + L − 1`
-//! 4. mask: `s = −∞` where the [`Window`] hides key `j` from query `i`
+//! 3. ALiBi and biases: `s = s − slope · |i + d − j| + bias[b, h, i, j] + rel_bias[h, r]`,
+//!    `r = clamp(j − (i + d), −(L − 1), L − 1) + L − 1`
+//! 4. mask: `s = −∞` where the [`Window`] around the diagonal hides key `j` from query `i`
 //! 5. `p = softmax_j(s)`, `out_i = Σ_j p_ij · v_j`, `lse_i = log Σ_j exp(s_ij)`
 //!
 //! A row that sees no key gets output 0 and log-sum-exp −∞.
 
 use crate::mask::Window;
 use crate::tensor::Tensor;
+
+/// The largest magnitude of [`AttentionParams::diagonal`], 2^40: every position stays far inside
+/// 64-bit integers.
+pub const MAX_DIAGONAL: i64 = 1 << 40;
 
 /// Packed variable-length batches: sequence `b` holds rows `cu_seqlens[b]..cu_seqlens[b + 1]` of
 /// the packed `[total_tokens, heads, head_dim]` tensors.
@@ -49,9 +54,16 @@ pub struct AttentionParams {
     /// sequence `b` reads its top-left corner. Any dtype; read in f32.
     pub bias: Option<Tensor>,
     /// Relative-position bias table, f32 `[heads, 2L − 1]` (query heads): key `j` of query `i`
-    /// reads column `clamp(j − (i + nk − nq), −(L − 1), L − 1) + L − 1` of its head's row (the
-    /// bottom-right alignment of causal), read in place, never expanded to `seqlen_q × seqlen_k`.
+    /// reads column `clamp(j − (i + d), −(L − 1), L − 1) + L − 1` of its head's row (`d` the
+    /// diagonal), read in place, never expanded to `seqlen_q × seqlen_k`.
     pub rel_bias: Option<Tensor>,
+    /// Query `i`'s diagonal sits at key position `i + d`: the window, ALiBi and the
+    /// relative-position bias measure from it. `None`: `nk − nq` (aligned bottom-right). With
+    /// [`VarLen`] the same `d` applies to every sequence. For blocks of a longer sequence (ring
+    /// attention), queries from global position `qo` against keys from `ko`: `d = qo − ko`.
+    /// At most [`MAX_DIAGONAL`] in magnitude. The CPU only for now: on CUDA tensors a diagonal
+    /// other than `nk − nq` is an [`crate::Error::Unsupported`].
+    pub diagonal: Option<i64>,
     /// Packed variable-length batches; `None` for padded `[batch, seqlen, heads, head_dim]` inputs.
     pub varlen: Option<VarLen>,
     /// Bitwise-reproducible gradients on the GPU (see [`AttentionParams::deterministic`]).
@@ -65,7 +77,7 @@ impl AttentionParams {
         self
     }
 
-    /// Causal attention, aligned bottom-right.
+    /// Causal attention: keys up to the diagonal (bottom-right aligned by default).
     pub fn causal(mut self) -> Self {
         self.window = Window::CAUSAL;
         self
@@ -98,6 +110,19 @@ impl AttentionParams {
     /// A relative-position bias table `[heads, 2L − 1]` (f32).
     pub fn rel_bias(mut self, table: Tensor) -> Self {
         self.rel_bias = Some(table);
+        self
+    }
+
+    /// Query `i`'s diagonal at key `i + d` (see [`AttentionParams::diagonal`]).
+    ///
+    /// ```
+    /// use flashattn::AttentionParams;
+    /// // Queries at global positions 512.. against keys at 256..: query i sits at key i + 256.
+    /// let p = AttentionParams::default().causal().diagonal(512 - 256);
+    /// assert_eq!(p.diagonal, Some(256));
+    /// ```
+    pub fn diagonal(mut self, d: i64) -> Self {
+        self.diagonal = Some(d);
         self
     }
 

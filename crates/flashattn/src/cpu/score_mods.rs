@@ -33,7 +33,7 @@ pub(crate) struct ScoreMods<'a> {
     bias: Option<(&'a [f32], usize, BiasLayout)>,
     /// The head's row of the relative-position table (`2L − 1` entries).
     rel: Option<&'a [f32]>,
-    /// Key position of query 0's diagonal (`nk − nq`).
+    /// Key position of query 0's diagonal (`Seq::diag`).
     diag: i64,
 }
 
@@ -55,7 +55,7 @@ impl<'a> ScoreMods<'a> {
             slope: p.slope(b, h),
             bias,
             rel,
-            diag: p.seqs[b].nk as i64 - p.seqs[b].nq as i64,
+            diag: p.seqs[b].diag,
         }
     }
 

@@ -360,7 +360,8 @@ pub(crate) fn forward_into(
     queue(&g, p, (q, k, v), out, lse)
 }
 
-/// The GPU of the problem's tensors, once its sizes are known to fit the kernels' 32-bit indices.
+/// The GPU of the problem's tensors, once its sizes are known to fit the kernels' 32-bit indices
+/// and its diagonal to be theirs.
 pub(crate) fn gpu_for(p: &Problem, k: &Tensor) -> Result<Arc<Gpu>> {
     let Device::Cuda(ordinal) = p.device else {
         return Err(Error::DeviceMismatch {
@@ -369,6 +370,7 @@ pub(crate) fn gpu_for(p: &Problem, k: &Tensor) -> Result<Arc<Gpu>> {
             got: p.device.to_string(),
         });
     };
+    super::expect_bottom_right(p)?;
     let limit = i32::MAX as usize;
     for (what, n) in [
         ("query rows", p.total_q.max(p.max_nq)),

@@ -157,6 +157,7 @@ pub(crate) fn forward(p: &Problem, q: &Tensor, k: &Tensor, v: &Tensor) -> Result
             got: p.device.to_string(),
         });
     };
+    super::expect_bottom_right(p)?;
     let gpu = gpu(ordinal)?;
     let g = &*gpu;
     let dt = p.dtype;

@@ -5,7 +5,7 @@
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::mask::{Mask, Window};
-use crate::params::AttentionParams;
+use crate::params::{AttentionParams, MAX_DIAGONAL};
 use crate::tensor::{Device, MAX_ELEMENTS, Tensor, contiguous_strides};
 
 mod checks;
@@ -53,13 +53,33 @@ impl RowLayout {
     }
 }
 
-/// One sequence of the batch: its lengths and, for packed inputs, its first row.
+/// One sequence of the batch: its lengths, its diagonal and, for packed inputs, its first row.
 #[derive(Clone, Copy, Debug)]
 pub struct Seq {
     pub q_row0: usize,
     pub k_row0: usize,
     pub nq: usize,
     pub nk: usize,
+    /// Key position of query 0's diagonal (query `i`'s is `i + diag`): the call's
+    /// [`AttentionParams::diagonal`], else `nk − nq`. Every mask and position bias reads it.
+    pub diag: i64,
+}
+
+impl Seq {
+    fn new((q_row0, k_row0): (usize, usize), nq: usize, nk: usize, diagonal: Option<i64>) -> Self {
+        Seq {
+            q_row0,
+            k_row0,
+            nq,
+            nk,
+            diag: diagonal.unwrap_or(nk as i64 - nq as i64),
+        }
+    }
+
+    /// True when the diagonal is the default bottom-right one.
+    pub fn is_bottom_right(&self) -> bool {
+        self.diag == self.nk as i64 - self.nq as i64
+    }
 }
 
 /// Element strides of the bias, 0 along broadcast dimensions.
@@ -89,7 +109,7 @@ impl RelBias {
         self.table.offset() + h * self.width()
     }
 
-    /// The column read at distance `d = j − (i + nk − nq)` from the diagonal.
+    /// The column read at distance `d = j − (i + diag)` from the diagonal.
     #[inline(always)]
     pub fn column(&self, d: i64) -> usize {
         let r = self.radius as i64;
@@ -173,17 +193,22 @@ impl Problem {
             ));
         }
 
+        let diagonal = params.diagonal;
+        if let Some(d) = diagonal
+            && d.unsigned_abs() > MAX_DIAGONAL as u64
+        {
+            return Err(Error::arg(
+                "diagonal",
+                format!("a key offset of magnitude at most 2^40 = {MAX_DIAGONAL}"),
+                d,
+            ));
+        }
         let seqs: Vec<Seq> = match &params.varlen {
             None => {
                 expect_dim("k", "batch", qs[0], ks[0])?;
                 expect_dim("v", "batch", qs[0], vs[0])?;
                 (0..qs[0])
-                    .map(|_| Seq {
-                        q_row0: 0,
-                        k_row0: 0,
-                        nq: qs[1],
-                        nk: ks[1],
-                    })
+                    .map(|_| Seq::new((0, 0), qs[1], ks[1], diagonal))
                     .collect()
             }
             Some(vl) => {
@@ -198,11 +223,9 @@ impl Problem {
                 lq.iter()
                     .zip(&lk)
                     .enumerate()
-                    .map(|(b, (&nq, &nk))| Seq {
-                        q_row0: vl.cu_seqlens_q[b] as usize,
-                        k_row0: vl.cu_seqlens_k[b] as usize,
-                        nq,
-                        nk,
+                    .map(|(b, (&nq, &nk))| {
+                        let rows = (vl.cu_seqlens_q[b], vl.cu_seqlens_k[b]);
+                        Seq::new((rows.0 as usize, rows.1 as usize), nq, nk, diagonal)
                     })
                     .collect()
             }
@@ -289,7 +312,13 @@ impl Problem {
 
     /// The mask of sequence `b`.
     pub fn mask(&self, b: usize) -> Mask {
-        Mask::new(self.window, self.seqs[b].nq, self.seqs[b].nk)
+        let s = &self.seqs[b];
+        Mask::with_diagonal(self.window, s.nq, s.nk, s.diag)
+    }
+
+    /// True when every sequence's diagonal is the default bottom-right one.
+    pub fn is_bottom_right(&self) -> bool {
+        self.seqs.iter().all(Seq::is_bottom_right)
     }
 
     /// True when the scores take a per-element step (softcap, ALiBi, a bias) before the mask and

@@ -76,7 +76,7 @@ impl Inputs {
         ((pick(b, s[0]) * s[1] + pick(h, s[1])) * s[2] + pick(i, s[2])) * s[3] + pick(j, s[3])
     }
 
-    /// The table entry that query `i` and key `j` (`rel = j − (i + nk − nq)`) of head `h` read.
+    /// The table entry that query `i` and key `j` (`rel = j − (i + diag)`) of head `h` read.
     fn rel_index(&self, h: usize, rel: i64) -> Option<usize> {
         let width = self.rel.as_ref()?.len() / self.p.heads_q;
         let r = (width / 2) as i64;
@@ -91,7 +91,7 @@ impl Inputs {
         let hk = h / (p.heads_q / p.heads_kv);
         let mut s = vec![f64::NEG_INFINITY; nq * nk];
         let mut dcap = vec![1.0; nq * nk];
-        let diag = nk as i64 - nq as i64;
+        let diag = p.seqs[b].diag;
         for i in 0..nq {
             let qi = &self.q[(p.q_row(b, i) * p.heads_q + h) * d..][..d];
             for j in 0..nk {
@@ -285,7 +285,7 @@ fn gradients(
                         db[x.bias_index(b, h, i, j)] += ds;
                     }
                     if let Some(dr) = drel.as_mut() {
-                        let rel = j as i64 - (i as i64 + nk as i64 - nq as i64);
+                        let rel = j as i64 - (i as i64 + p.seqs[b].diag);
                         dr[x.rel_index(h, rel).expect("a table")] += ds;
                     }
                     let ds_raw = a(ds * dcap[i * nk + j] * scale);

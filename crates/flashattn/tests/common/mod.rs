@@ -90,6 +90,8 @@ pub struct Case {
     /// Per-sequence (query, key) lengths of a packed batch; `None`: padded `[batch, n, h, d]`.
     pub varlen: Option<Vec<(usize, usize)>>,
     pub scale: Option<f32>,
+    /// Query `i`'s diagonal at key `i + d`; `None`: bottom-right.
+    pub diagonal: Option<i64>,
 }
 
 impl Case {
@@ -112,6 +114,7 @@ impl Case {
             rel_bias: None,
             varlen: None,
             scale: None,
+            diagonal: None,
         }
     }
 
@@ -168,6 +171,10 @@ impl Case {
         self.scale = Some(s);
         self
     }
+    pub fn diagonal(mut self, d: i64) -> Self {
+        self.diagonal = Some(d);
+        self
+    }
 
     /// Random q, k, v and the matching params.
     pub fn inputs(&self, rng: &mut StdRng) -> Inputs {
@@ -200,6 +207,7 @@ impl Case {
             scale: self.scale,
             window: self.window,
             softcap: self.softcap,
+            diagonal: self.diagonal,
             ..Default::default()
         };
         let mut slopes = |shape: &[usize]| {
@@ -280,6 +288,9 @@ pub fn describe(c: &Case) -> String {
     }
     if let Some(sc) = c.scale {
         s += &format!(" scale {sc}");
+    }
+    if let Some(d) = c.diagonal {
+        s += &format!(" diagonal {d}");
     }
     s
 }

@@ -525,9 +525,8 @@ impl<T: CpuElement> BlockCtx<'_, T> {
             db.add_tile(fold, (ds, ld), b, h, rows.clone(), keys.clone());
         }
         if p.rel_bias.is_some() {
-            let diag = p.seqs[b].nk as i64 - p.seqs[b].nq as i64;
             let tile = (rows.clone(), keys.clone());
-            rel.add_tile(h - self.heads.start, (ds, ld), tile, diag);
+            rel.add_tile(h - self.heads.start, (ds, ld), tile, p.seqs[b].diag);
         }
         if mods.has_softcap() {
             for r in 0..nr {

@@ -273,17 +273,15 @@ struct Place<'a> {
 }
 
 /// Softcap, ALiBi and bias on the scores of head `h` for the keys of `at` (`row`), then the
-/// change to base 2, in the documented order. The step's one query sits at key `nk − nq` (the
-/// bottom-right alignment with `nq = 1`).
+/// change to base 2, in the documented order. The step's one query sits at key `Seq::diag`
+/// (`nk − 1` by default).
 fn mods(p: &Problem, at: &Place<'_>, h: usize, row: &mut [f32]) {
     if let Some(cap) = p.softcap {
         softcap(row, cap, None);
     }
     let slope = p.slope(at.b, h);
     if slope != 0.0 {
-        let seq = &p.seqs[at.b];
-        let diag = seq.nk as i64 - seq.nq as i64;
-        sub_alibi(row, slope, diag - at.keys.start as i64, -1);
+        sub_alibi(row, slope, p.seqs[at.b].diag - at.keys.start as i64, -1);
     }
     if let (Some(data), Some((_, layout))) = (at.biases.bias, &p.bias) {
         let first = p.bias_row_at(layout, at.b, h, 0);
@@ -293,10 +291,8 @@ fn mods(p: &Problem, at: &Place<'_>, h: usize, row: &mut [f32]) {
         }
     }
     if let (Some(data), Some(r)) = (at.biases.rel, &p.rel_bias) {
-        let seq = &p.seqs[at.b];
-        let diag = seq.nk as i64 - seq.nq as i64;
         let table = &data[r.row_at(h)..r.row_at(h) + r.width()];
-        add_rel_run(row, table, at.keys.start as i64 - diag);
+        add_rel_run(row, table, at.keys.start as i64 - p.seqs[at.b].diag);
     }
     row.iter_mut().for_each(|x| *x *= std::f32::consts::LOG2_E);
 }

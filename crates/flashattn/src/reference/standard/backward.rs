@@ -201,7 +201,7 @@ fn rel_bias_gradient(p: &Problem, rel: &RelBias, ds: &[f32]) -> Result<Tensor> {
     let mut dr = vec![0f32; p.heads_q * w];
     let mut at = 0;
     for s in &p.seqs {
-        let diag = s.nk as i64 - s.nq as i64;
+        let diag = s.diag;
         for h in 0..p.heads_q {
             for i in 0..s.nq {
                 for j in 0..s.nk {

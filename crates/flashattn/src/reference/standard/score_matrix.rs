@@ -202,7 +202,7 @@ pub(super) fn scores<T: Element>(
     .run(s, &x.q[h], &x.k[p.kv_head(h)]);
     let mask = p.mask(b);
     let slope = p.slope(b, h);
-    let diag = nk as i64 - nq as i64;
+    let diag = p.seqs[b].diag;
     for i in 0..nq {
         let row = &mut s[i * nk..(i + 1) * nk];
         if T::DTYPE != DType::F32 {
