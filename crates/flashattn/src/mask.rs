@@ -54,13 +54,15 @@ impl Mask {
         Mask::with_diagonal(window, nq, nk, nk as i64 - nq as i64)
     }
 
-    /// The window for `nq` queries over `nk` keys, query `i`'s diagonal at key `i + diag`
-    /// (`|diag|` at most [`crate::MAX_DIAGONAL`], sizes below 2^60, so no sum overflows).
+    /// The window for `nq` queries over `nk` keys, query `i`'s diagonal at key `i + diag`.
     pub fn with_diagonal(window: Window, nq: usize, nk: usize, diag: i64) -> Self {
         let clamp =
             |w: Option<usize>| w.map_or(i64::MAX / 4, |w| w.min(i64::MAX as usize / 4) as i64);
+        // Diagonals are cut at ±2^60 as windows are at 2^61 (no sequence is that long), so no
+        // sum below overflows.
+        let far = 1i64 << 60;
         Mask {
-            diag,
+            diag: diag.clamp(-far, far),
             left: clamp(window.left),
             right: clamp(window.right),
             nq: nq as i64,
@@ -230,5 +232,24 @@ mod tests {
         assert!(m.key_range(1).is_empty());
         assert_eq!(m.key_range(2), 0..1);
         assert_eq!(m.key_range(3), 0..2);
+        // The farthest diagonals: causal rows see no key, or all; unmasked rows see all.
+        let far = |w, d| Mask::with_diagonal(w, 3, 5, d);
+        assert!(far(Window::CAUSAL, i64::MIN).key_range(2).is_empty());
+        assert!(
+            far(Window::CAUSAL, i64::MIN)
+                .query_range_for_keys(0..5)
+                .is_empty()
+        );
+        assert_eq!(far(Window::CAUSAL, i64::MAX).key_range(0), 0..5);
+        assert_eq!(
+            far(Window::CAUSAL, i64::MAX).query_range_for_keys(0..5),
+            0..3
+        );
+        assert_eq!(far(Window::FULL, i64::MIN).key_range(0), 0..5);
+        assert!(
+            far(Window::new(Some(2), Some(2)), i64::MAX)
+                .key_range(0)
+                .is_empty()
+        );
     }
 }
