@@ -12,7 +12,8 @@ mod common;
 use common::{Alibi, Case, F32_TOL, Layout, bits, check_backward_cases, check_forward_cases};
 use common::{lse_error, rel, rng};
 use flashattn::reference::{oracle, standard};
-use flashattn::{AttentionParams, DType, Error, MAX_DIAGONAL, Tensor, Window, backward, forward};
+use flashattn::{AttentionParams, DType, Error, Gradients, MAX_DIAGONAL, Tensor, Window};
+use flashattn::{backward, backward_into, forward, forward_into};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, RngSeed};
 use rand::SeedableRng;
@@ -160,6 +161,39 @@ fn the_default_diagonal_is_bitwise_none() {
     }
 }
 
+/// `forward_into` and `backward_into` take the diagonal as `forward` and `backward` do.
+#[test]
+fn the_into_calls_take_the_diagonal() {
+    let case = Case::new(40, 70, 32)
+        .heads(4, 2)
+        .causal()
+        .alibi(Alibi::PerHead)
+        .rel_bias(6);
+    let x = case.diagonal(-5).inputs(&mut rng(335_000));
+    let f = forward(&x.q, &x.k, &x.v, &x.p).unwrap();
+    let mut out = Tensor::full(f.out.shape(), DType::F32, f32::NAN).unwrap();
+    let mut lse = Tensor::full(f.lse.shape(), DType::F32, f32::NAN).unwrap();
+    forward_into(&x.q, &x.k, &x.v, &x.p, &mut out, &mut lse).unwrap();
+    assert_eq!((bits(&out), bits(&lse)), (bits(&f.out), bits(&f.lse)));
+    let want = backward(&x.q, &x.k, &x.v, &f.out, &f.lse, &x.dout, &x.p).unwrap();
+    let nan = |t: &Tensor| Tensor::full(t.shape(), DType::F32, f32::NAN).unwrap();
+    let mut g = Gradients {
+        dq: nan(&want.dq),
+        dk: nan(&want.dk),
+        dv: nan(&want.dv),
+        dbias: None,
+        drel_bias: want.drel_bias.as_ref().map(nan),
+    };
+    backward_into(&x.q, &x.k, &x.v, &f.out, &f.lse, &x.dout, &x.p, &mut g).unwrap();
+    for (a, b) in [(&g.dq, &want.dq), (&g.dk, &want.dk), (&g.dv, &want.dv)] {
+        assert_eq!(bits(a), bits(b));
+    }
+    assert_eq!(
+        bits(g.drel_bias.as_ref().unwrap()),
+        bits(want.drel_bias.as_ref().unwrap())
+    );
+}
+
 /// Rows that see no key (a window whose left edge lies past the last key, causal rows whose
 /// diagonal lies before the first): output 0, log-sum-exp −∞, and no gradient.
 #[test]
@@ -226,16 +260,23 @@ fn a_diagonal_out_of_range_is_a_typed_error() {
 const SEED: u64 = 0x5EED_D1A6;
 
 /// Random small problems split at key `m` (0 and n included): the window, ALiBi, the table,
-/// softcap, GQA, a batch of two.
+/// softcap, GQA, both layouts, a batch of two.
 fn arb_split() -> impl Strategy<Value = (Case, usize, i64)> {
     let side = prop_oneof![2 => Just(None), 3 => (0usize..12).prop_map(Some)];
     (
         (1usize..40, 1usize..70, 1usize..20),
-        (side.clone(), side, 0usize..3, any::<bool>(), any::<bool>()),
+        (
+            side.clone(),
+            side,
+            0usize..3,
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+        ),
         (-80i64..80, 0usize..=100, 1usize..3, 1usize..3),
     )
         .prop_map(
-            |((nq, nk, d), (l, r, alibi, table, cap), (diag, at, hk, g))| {
+            |((nq, nk, d), (l, r, alibi, table, cap, bhnd), (diag, at, hk, g))| {
                 let mut c = Case::new(nq, nk, d)
                     .batch(2)
                     .heads(hk * g, hk)
@@ -244,12 +285,13 @@ fn arb_split() -> impl Strategy<Value = (Case, usize, i64)> {
                 c.alibi = [Alibi::None, Alibi::PerHead, Alibi::PerBatchHead][alibi];
                 c.rel_bias = table.then_some(7);
                 c.softcap = cap.then_some(4.0);
+                c.layout = if bhnd { Layout::Bhnd } else { Layout::Bnhd };
                 (c, nk * at / 100, diag)
             },
         )
 }
 
-/// Keys `keys` of a `[batch, n, heads, dim]` tensor, as a view.
+/// Keys `keys` of a `[batch, n, heads, dim]` tensor (in either layout), as a view.
 fn key_rows(t: &Tensor, keys: std::ops::Range<usize>) -> Tensor {
     let (s, mut shape) = (t.strides().to_vec(), t.shape().to_vec());
     shape[1] = keys.len();
