@@ -47,6 +47,9 @@ pub enum Error {
         /// What is missing.
         what: String,
     },
+    /// A ring's transport failed (a peer stopped, or sent what the schedule does not expect).
+    #[error("ring communication: {0}")]
+    Comm(String),
     /// The CUDA driver, a GPU or NVRTC could not be found or failed.
     #[error("cuda: {0}")]
     Cuda(String),

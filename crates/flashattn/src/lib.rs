@@ -15,6 +15,8 @@
 //!   embedding, attention, output projection) built on them.
 //! * [`linear_forward`] and [`linear_backward`]: linear attention (a feature map instead of the
 //!   softmax), the O(N) alternative.
+//! * [`mod@ring`]: ring attention (context parallelism) over a communicator of ranks, with the
+//!   exact merge of partial results by their log-sum-exp ([`merge_partials`]).
 //! * [`mod@reference`] holds the f64 oracle and the "standard attention" baseline that the tests and
 //!   benchmarks measure against.
 
@@ -42,6 +44,7 @@ mod outputs;
 pub mod params;
 mod problem;
 pub mod reference;
+pub mod ring;
 pub mod tensor;
 
 pub use attention::{backward, backward_into, forward, forward_into};
@@ -57,6 +60,7 @@ pub use linear::{FeatureMap, LinearGradients, LinearParams, linear_backward, lin
 pub use mask::{Mask, Window};
 pub use outputs::{ForwardOutput, Gradients};
 pub use params::{AttentionParams, MAX_DIAGONAL, VarLen};
+pub use ring::merge_partials;
 pub use tensor::{Device, Tensor};
 
 /// For flashattn's own tools and tests, not part of the API: the validated problem, the switch
