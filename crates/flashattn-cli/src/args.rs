@@ -69,14 +69,16 @@ Examples:
   flashattn run --input qkv.safetensors --output out.safetensors
   flashattn run --input qkv.npz --output out.npz --causal --window-left 256
   flashattn run --input packed.safetensors --output grads.safetensors --layout bhnd --softcap 30
+  flashattn run --input block.safetensors --output out.safetensors --causal --diagonal -256
 
 Input tensors (by name): q, k, v [batch, seqlen, heads, head_dim] (f32, f16 or bf16; with
 --layout bhnd stored as [batch, heads, seqlen, head_dim]); optional alibi_slopes [heads] or
 [batch, heads] (f32); bias, 4 dimensions broadcastable to [batch, heads, seqlen_q, seqlen_k];
 rel_bias [heads, 2L - 1] (f32), a relative-position table: query i and key j add
-rel_bias[h, clamp(j - (i + seqlen_k - seqlen_q), -(L-1), L-1) + L - 1] to their score;
-cu_seqlens_q and cu_seqlens_k (int32) for packed [total, heads, head_dim] input; dout (shaped
-like q): when present the backward runs too. An input holding NaN or inf is named in a warning.
+rel_bias[h, clamp(j - (i + seqlen_k - seqlen_q), -(L-1), L-1) + L - 1] to their score
+(i + D for i + seqlen_k - seqlen_q with --diagonal D); cu_seqlens_q and cu_seqlens_k (int32)
+for packed [total, heads, head_dim] input; dout (shaped like q): when present the backward
+runs too. An input holding NaN or inf is named in a warning.
 Output tensors: out (shape and dtype of q), lse [batch, heads, seqlen_q] f32 ([heads, total_q]
 with varlen); with dout: dq, dk, dv (and dbias with a bias, drel_bias with rel_bias).
 Files: .safetensors (every dtype) or .npz (numpy's savez/savez_compressed; f32, f16 and int32:
@@ -143,7 +145,7 @@ fn parse_dtype(s: &str) -> Result<DType, String> {
 /// Options of the mask and score modifiers, shared by `check` and `run`.
 #[derive(Args, Debug, Clone, Default)]
 pub struct MaskArgs {
-    /// Causal attention (aligned bottom-right when seqlen_q != seqlen_k).
+    /// Causal attention (aligned bottom-right when seqlen_q != seqlen_k, or by --diagonal).
     #[arg(long)]
     pub causal: bool,
     /// Sliding window: keys a query sees before its diagonal (unbounded if not given).
@@ -158,6 +160,10 @@ pub struct MaskArgs {
     /// Score scale (default 1/sqrt(head_dim)).
     #[arg(long, value_name = "S", allow_negative_numbers = true)]
     pub scale: Option<f32>,
+    /// Query i's diagonal at key i + D (default seqlen_k - seqlen_q); the window, ALiBi and
+    /// rel_bias measure from it. CPU only for now.
+    #[arg(long, value_name = "D", allow_negative_numbers = true)]
+    pub diagonal: Option<i64>,
 }
 
 impl MaskArgs {
@@ -183,6 +189,7 @@ impl MaskArgs {
             scale: self.scale,
             window: self.window()?,
             softcap: self.softcap,
+            diagonal: self.diagonal,
             ..Default::default()
         })
     }
@@ -194,6 +201,7 @@ impl MaskArgs {
             || self.window_right.is_some()
             || self.softcap.is_some()
             || self.scale.is_some()
+            || self.diagonal.is_some()
     }
 }
 

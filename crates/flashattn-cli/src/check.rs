@@ -63,6 +63,7 @@ fn single(a: &CheckArgs, dtypes: &[DType]) -> CliResult<Vec<Config>> {
             c.window = window;
             c.softcap = a.mask.softcap;
             c.scale = a.mask.scale;
+            c.diagonal = a.mask.diagonal;
             c.alibi = a.alibi;
             c.bias = a.bias;
             c.rel_bias = a.rel_bias.map(|l| l as usize);

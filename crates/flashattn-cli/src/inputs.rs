@@ -33,6 +33,8 @@ pub struct Config {
     pub softcap: Option<f32>,
     /// Score scale (`None`: 1/sqrt(d)).
     pub scale: Option<f32>,
+    /// Query i's diagonal at key i + d (`None`: nk − nq).
+    pub diagonal: Option<i64>,
     /// Random ALiBi slopes per head.
     pub alibi: bool,
     /// A random full-shape bias.
@@ -59,6 +61,7 @@ impl Config {
             window: Window::FULL,
             softcap: None,
             scale: None,
+            diagonal: None,
             alibi: false,
             bias: false,
             rel_bias: None,
@@ -190,6 +193,9 @@ impl Config {
         if let Some(s) = self.scale {
             parts.push(format!("scale={s}"));
         }
+        if let Some(d) = self.diagonal {
+            parts.push(format!("diagonal={d}"));
+        }
         if self.alibi {
             parts.push("alibi".into());
         }
@@ -240,6 +246,7 @@ impl Config {
             scale: self.scale,
             window: self.window,
             softcap: self.softcap,
+            diagonal: self.diagonal,
             ..Default::default()
         };
         if self.alibi {

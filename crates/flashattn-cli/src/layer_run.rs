@@ -127,6 +127,11 @@ pub fn run(a: &RunArgs, tensors: &[NamedTensor], out_format: Format) -> CliResul
              to q, k, v",
         ));
     }
+    if a.mask.diagonal.is_some() {
+        return Err(fail(
+            "--diagonal is an option of attention on q, k, v, not of the fused layer (tensor `x`)",
+        ));
+    }
     let x_file = require(tensors, "x")?;
     let dtype = float_dtype(x_file)?;
     let mut p = params(a, tensors, x_file)?;

@@ -26,6 +26,7 @@ pub fn run(a: &RunArgs, tensors: &[NamedTensor], out_format: Format) -> CliResul
         (m.window_right.is_some(), "--window-right"),
         (m.softcap.is_some(), "--softcap"),
         (m.scale.is_some(), "--scale"),
+        (m.diagonal.is_some(), "--diagonal"),
     ];
     if let Some((_, opt)) = softmax_only.iter().find(|(given, _)| *given) {
         return Err(fail(format!(

@@ -64,6 +64,27 @@ fn check_exit_status_follows_the_results() {
 }
 
 #[test]
+fn check_takes_a_diagonal() {
+    let o = flashattn(&[
+        "check",
+        "--seqlen-q",
+        "40",
+        "--seqlen-k",
+        "60",
+        "--heads",
+        "2",
+        "--causal",
+        "--alibi",
+        "--diagonal",
+        "-5",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert_eq!(text.matches("[PASS]").count(), 2, "{text}");
+    assert!(text.contains("diagonal=-5"), "{text}");
+}
+
+#[test]
 fn cuda_device_is_an_error_not_a_panic_without_a_gpu() {
     let o = flashattn(&[
         "check",

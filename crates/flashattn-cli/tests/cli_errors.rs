@@ -131,6 +131,15 @@ fn run_errors_name_the_tensor_and_leave_no_output() {
     // Options.
     expect_run_error(&qkv(r, Dtype::F32), &["--scale", "inf"], &["`scale`"]);
     expect_run_error(&qkv(r, Dtype::F32), &["--softcap", "-1"], &["`softcap`"]);
+    let past = (flashattn::MAX_DIAGONAL + 1).to_string();
+    let below = format!("--diagonal=-{past}");
+    expect_run_error(
+        &qkv(r, Dtype::F32),
+        &["--diagonal", &past],
+        &["`diagonal`", "2^40"],
+    );
+    expect_run_error(&qkv(r, Dtype::F32), &[&below], &["`diagonal`", "2^40"]);
+    expect_run_error(&qkv(r, Dtype::F32), &["--diagonal", "1.5"], &["--diagonal"]);
 }
 
 #[test]

@@ -189,6 +189,11 @@ fn layer_errors_name_the_argument_and_leave_no_output() {
     expect_error(&good, &["--heads", "4", "--heads-kv", "3"], &["heads_kv"]);
     expect_error(
         &good,
+        &["--heads", "4", "--diagonal", "2"],
+        &["--diagonal", "`x`"],
+    );
+    expect_error(
+        &good,
         &[
             "--heads",
             "4",

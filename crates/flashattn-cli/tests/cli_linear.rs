@@ -78,6 +78,7 @@ fn run_kind_linear_rejects_softmax_options_and_tensors() {
             "--window-left",
         ),
         (vec!["--kind", "linear", "--heads", "4"], "--heads"),
+        (vec!["--kind", "linear", "--diagonal", "-2"], "--diagonal"),
         (vec!["--kind", "linear", "--linear-eps", "0"], "eps"),
         (vec!["--feature-map", "relu"], "--kind linear"),
     ] {

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use cli_support::*;
 use flashattn::reference::{oracle, standard};
-use flashattn::{AttentionParams, DType, Tensor};
+use flashattn::{AttentionParams, DType, Tensor, Window};
 use rand::{SeedableRng, rngs::StdRng};
 use safetensors::tensor::Dtype;
 
@@ -248,6 +248,42 @@ fn run_half_precision_is_within_twice_the_standard_error() {
             ..Default::default()
         };
         check_against_oracle(&inputs, &out, p, false);
+    }
+}
+
+#[test]
+fn run_diagonal_matches_the_library_and_the_oracle() {
+    let mut rng = StdRng::seed_from_u64(313);
+    let dir = Dir::new();
+    let mut slopes = random(&mut rng, "alibi_slopes", &[4], Dtype::F32);
+    slopes.values.iter_mut().for_each(|s| *s = s.abs() * 0.1);
+    let inputs = [
+        random(&mut rng, "q", &[2, 23, 4, 16], Dtype::F32),
+        random(&mut rng, "k", &[2, 31, 2, 16], Dtype::F32),
+        random(&mut rng, "v", &[2, 31, 2, 16], Dtype::F32),
+        random(&mut rng, "dout", &[2, 23, 4, 16], Dtype::F32),
+        slopes,
+    ];
+    // Before the first key for the first rows; past the default (8) with a window.
+    let cases = [
+        (vec!["--causal", "--diagonal", "-3"], Window::CAUSAL, -3),
+        (
+            vec!["--window-left", "5", "--window-right", "2", "--diagonal=20"],
+            Window::new(Some(5), Some(2)),
+            20,
+        ),
+    ];
+    for (opts, window, d) in cases {
+        let out = round_trip(&dir, &inputs, &opts);
+        let p = AttentionParams {
+            window,
+            ..Default::default()
+        }
+        .diagonal(d);
+        check_against_oracle(&inputs, &out, p.clone(), false);
+        let (ts, p) = library_inputs(&inputs, false, p);
+        let want = flashattn::forward(&ts[0], &ts[1], &ts[2], &p).unwrap();
+        assert_eq!(out["out"].2, want.out.to_f64_vec().unwrap(), "{opts:?}");
     }
 }
 

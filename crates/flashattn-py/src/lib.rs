@@ -12,8 +12,8 @@ use pyo3::prelude::*;
 use tensor_desc::{Desc, tensor};
 
 /// The options of a call, as a Python tuple: `(scale, (window_left, window_right), softcap,
-/// alibi_slopes, bias, (cu_seqlens_q, cu_seqlens_k), deterministic, rel_bias)`, `None` where
-/// unset.
+/// alibi_slopes, bias, (cu_seqlens_q, cu_seqlens_k), deterministic, rel_bias, diagonal)`, `None`
+/// where unset.
 type Opts = (
     Option<f32>,
     (Option<usize>, Option<usize>),
@@ -23,6 +23,7 @@ type Opts = (
     Option<(Vec<i32>, Vec<i32>)>,
     bool,
     Option<Desc>,
+    Option<i64>,
 );
 
 /// The Python exception for a flashattn error: `TypeError` for a dtype, `ValueError` for a bad
@@ -47,12 +48,14 @@ pub(crate) fn py_error(e: Error, what: &str) -> PyErr {
 /// # Safety
 /// As [`tensor`], for the slopes and biases `opts` describes.
 unsafe fn params(py: Python<'_>, opts: &Opts) -> PyResult<AttentionParams> {
-    let (scale, (left, right), softcap, alibi, bias, varlen, deterministic, rel_bias) = opts;
+    let (scale, (left, right), softcap, alibi, bias, varlen, deterministic, rel_bias, diagonal) =
+        opts;
     let mut p = AttentionParams {
         scale: *scale,
         window: Window::new(*left, *right),
         softcap: *softcap,
         deterministic: *deterministic,
+        diagonal: *diagonal,
         ..AttentionParams::default()
     };
     if let Some(a) = alibi {

@@ -26,6 +26,7 @@ def compare(q, k, v, dtype=torch.float32, bias=None, device="cpu", rel_bias=None
         "window": opts.get("window_size", (-1, -1)),
         "softcap": opts.get("softcap", 0.0),
         "alibi": None if alibi is None else alibi.cpu(),
+        "diagonal": opts.get("diagonal"),
     }
     extras = [(name, t) for name, t in (("bias", bias), ("rel_bias", rel_bias)) if t is not None]
     inputs = [t.cpu() for t in (q, k, v)] + [t.cpu() for _, t in extras]

@@ -11,18 +11,20 @@ import torch
 
 
 def attention(q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi=None, bias=None,
-              rel_bias=None):
+              rel_bias=None, diagonal=None):
     """Output [B, Nq, H, Dv] and log-sum-exp [B, H, Nq] of q [B, Nq, H, D] over k, v
     [B, Nk, Hk, _]; keys per query head repeated for MQA/GQA; rows that see no key give 0, -inf.
-    ``rel_bias`` [H, 2L - 1]: query i and key j add entry clamp(j - (i + Nk - Nq), -(L-1), L-1) + L-1."""
+    Query i's diagonal is key i + diagonal (None: Nk - Nq); the mask and ALiBi measure from it.
+    ``rel_bias`` [H, 2L - 1]: query i and key j add entry clamp(j - (i + diagonal), -(L-1), L-1) + L-1."""
     nq, nk, h = q.shape[1], k.shape[1], q.shape[2]
+    diagonal = nk - nq if diagonal is None else diagonal
     k = k.repeat_interleave(h // k.shape[2], dim=2)
     v = v.repeat_interleave(h // v.shape[2], dim=2)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
     if softcap:
         s = softcap * torch.tanh(s / softcap)
-    rel = torch.arange(nk)[None, :] - (torch.arange(nq)[:, None] + nk - nq)
+    rel = torch.arange(nk)[None, :] - (torch.arange(nq)[:, None] + diagonal)
     if alibi is not None:
         slopes = alibi.to(s.dtype).reshape(-1 if alibi.dim() == 2 else 1, h, 1, 1)
         s = s - slopes * rel.abs().to(s.dtype)
@@ -31,8 +33,8 @@ def attention(q, k, v, scale=None, causal=False, window=(-1, -1), softcap=0.0, a
     if rel_bias is not None:
         r = rel_bias.shape[1] // 2
         s = s + rel_bias.to(s.dtype)[:, rel.clamp(-r, r) + r]
-    left = window[0] if window[0] >= 0 else nk + nq
-    right = 0 if causal else (window[1] if window[1] >= 0 else nk + nq)
+    left = window[0] if window[0] >= 0 else math.inf
+    right = 0 if causal else (window[1] if window[1] >= 0 else math.inf)
     visible = (rel >= -left) & (rel <= right)
     seen = visible.any(-1)[:, None]
     s = torch.where(visible, s, float("-inf"))

@@ -52,6 +52,17 @@ def test_bad_options_raise_python_errors():
         flash_attn_func(q, k, v, alibi_slopes=torch.ones(4, dtype=torch.float16))
     with pytest.raises(ValueError, match="softcap"):
         flash_attn_func(q, k, v, softcap=-1.0)
+    too_far = r"invalid argument `diagonal`: expected a key offset of magnitude at most 2\^40"
+    with pytest.raises(ValueError, match=too_far):
+        flash_attn_func(q, k, v, diagonal=2**40 + 1)
+    cu = torch.tensor([0, 7], dtype=torch.int32)
+    with pytest.raises(ValueError, match=too_far):
+        flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 7, 7, diagonal=-(2**40) - 1)
+    with pytest.raises(ValueError, match="`diagonal`: expected a 64-bit integer"):
+        flash_attn_func(q, k, v, diagonal=2**70)
+    for bad in (1.5, True):
+        with pytest.raises(TypeError, match="`diagonal`"):
+            flash_attn_func(q, k, v, diagonal=bad)
 
 
 def test_other_devices_are_refused_with_a_clear_error():
@@ -60,7 +71,7 @@ def test_other_devices_are_refused_with_a_clear_error():
         flash_attn_func(q.to("meta"), k, v)
     # The native module checks the device number itself, before any memory is touched.
     desc = lambda t, dev=-1: (t.data_ptr(), "float32", list(t.shape), list(t.stride()), dev, t)
-    opts = (None, (None, None), None, None, None, None, False, None)
+    opts = (None, (None, None), None, None, None, None, False, None, None)
     out, lse = torch.empty_like(q), torch.empty(2, 4, 7)
     with pytest.raises(ValueError, match=r"`q`: expected a tensor on the CPU \(-1\) or a GPU \(its ordinal\), got device -2"):
         native.forward((desc(q, -2), desc(k), desc(v)), (desc(out), desc(lse)), opts)
@@ -70,7 +81,7 @@ def test_other_devices_are_refused_with_a_clear_error():
 def test_cuda_without_a_gpu_is_a_runtime_error():
     q, k, v = qkv()
     desc = lambda t, dev=-1: (t.data_ptr(), "float32", list(t.shape), list(t.stride()), dev, t)
-    opts = (None, (None, None), None, None, None, None, False, None)
+    opts = (None, (None, None), None, None, None, None, False, None, None)
     out, lse = torch.empty_like(q), torch.empty(2, 4, 7)
     with pytest.raises(RuntimeError, match="q: no CUDA driver"):
         native.forward((desc(q, 0), desc(k), desc(v)), (desc(out), desc(lse)), opts)
@@ -122,6 +133,22 @@ def test_torch_compile_fullgraph_forward_and_backward():
         assert torch.equal(eager, comp)
 
 
+def test_torch_compile_fullgraph_with_a_diagonal():
+    q, k, v = (t.requires_grad_() for t in qkv())
+    slopes = torch.rand(4)
+
+    def f(q, k, v):
+        return flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes, diagonal=-2)
+
+    dout = randn(2, 7, 4, 40)
+    grads = []
+    for fn in (f, torch.compile(f, fullgraph=True)):
+        out = fn(q, k, v)
+        grads.append((out,) + torch.autograd.grad(out, (q, k, v), dout))
+    for eager, comp in zip(*grads):
+        assert torch.equal(eager, comp)
+
+
 def test_torch_compile_fullgraph_varlen():
     q, k = randn(12, 2, 8), randn(15, 2, 8)
     cu_q, cu_k = torch.tensor([0, 5, 12], dtype=torch.int32), torch.tensor([0, 9, 15], dtype=torch.int32)
@@ -145,6 +172,8 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.flashattn.bwd.default, bwd_args)
     torch.library.opcheck(torch.ops.flashattn.bwd.default, bwd_args + (True,))
     torch.library.opcheck(torch.ops.flashattn.fwd.default, fwd_args + (True,))
+    torch.library.opcheck(torch.ops.flashattn.fwd.default, fwd_args + (False, None, -3))
+    torch.library.opcheck(torch.ops.flashattn.bwd.default, bwd_args + (False, None, -3))
     cu_q, cu_k = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 30, 65], dtype=torch.int32)
     vq, vk = randn(7, 4, 40).requires_grad_(), randn(65, 2, 40).requires_grad_()
     torch.library.opcheck(torch.ops.flashattn.fwd.default, (vq, vk, vk, None, None, cu_q, cu_k, None, -1, 0, 0.0))

@@ -98,6 +98,33 @@ def test_rel_bias(case, dtype):
     compare(q, k, v, dtype, bias=bias, rel_bias=randn(h, 2 * L - 1), **opts)
 
 
+# (seqlen_q, seqlen_k, diagonal, options): the first rows' diagonals before every key, a diagonal
+# past the default (65), negative ones with a window and ALiBi, 0 with everything.
+DIAGONALS = [
+    (65, 130, -20, {"causal": True}),
+    (65, 130, 100, {"causal": True, "alibi_slopes": "heads"}),
+    (40, 40, -7, {"window_size": (9, 3), "alibi_slopes": "heads"}),
+    (40, 65, 0, {"causal": True, "alibi_slopes": "batch_heads", "softcap": 3.0, "rel_bias": 6}),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", range(len(DIAGONALS)))
+def test_diagonal(case, dtype):
+    """Query i's diagonal at key i + diagonal, which the mask, ALiBi and the table measure from:
+    output, log-sum-exp and every gradient."""
+    nq, nk, diagonal, opts = DIAGONALS[case]
+    b, h, hk, d = 2, 4, 2, 40
+    q, k, v = randn(b, nq, h, d, dtype=dtype), randn(b, nk, hk, d, dtype=dtype), randn(b, nk, hk, d, dtype=dtype)
+    opts = dict(opts)
+    slopes = {"heads": (h,), "batch_heads": (b, h)}
+    if "alibi_slopes" in opts:
+        opts["alibi_slopes"] = torch.rand(*slopes[opts["alibi_slopes"]]) * 0.5
+    L = opts.pop("rel_bias", None)
+    rel_bias = None if L is None else randn(h, 2 * L - 1)
+    compare(q, k, v, dtype, rel_bias=rel_bias, diagonal=diagonal, **opts)
+
+
 def test_causal_rows_that_see_no_key():
     """With more queries than keys, the first causal rows see none: output 0, lse -inf, grads 0."""
     q, k, v = randn(1, 9, 2, 8), randn(1, 4, 2, 8), randn(1, 4, 2, 8)

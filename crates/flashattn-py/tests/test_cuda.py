@@ -227,6 +227,13 @@ def test_another_gpu_is_a_device_mismatch_and_keeps_the_current_device():
     assert torch.cuda.current_device() == 0
 
 
+def test_only_the_default_diagonal_runs_on_the_gpu_for_now():
+    q, k, v = (randn(1, 7, 2, 64).cuda() for _ in range(3))
+    assert torch.equal(flash_attn_func(q, k, v, causal=True, diagonal=0), flash_attn_func(q, k, v, causal=True))
+    with pytest.raises(NotImplementedError, match="diagonal = -2"):
+        flash_attn_func(q, k, v, causal=True, diagonal=-2)
+
+
 class Capsule:
     """An array known only through the DLPack protocol, as CuPy's and JAX's are."""
 

@@ -18,15 +18,22 @@ def test_varlen_matches_each_sequence(causal, dtype):
     check_varlen(causal, dtype)
 
 
-def check_varlen(causal, dtype, device="cpu"):
+@pytest.mark.parametrize("diagonal", [-6, 0, 40])
+def test_varlen_diagonal_applies_to_every_sequence(diagonal):
+    check_varlen(True, torch.float32, diagonal=diagonal)
+
+
+def check_varlen(causal, dtype, device="cpu", diagonal=None):
     """flash_attn_varlen_func on ``device`` (its cu_seqlens and ALiBi slopes there too) against the
-    oracle on the CPU: outputs and log-sum-exp of every sequence first, then the gradients."""
+    oracle on the CPU: outputs and log-sum-exp of every sequence first, then the gradients.
+    ``diagonal`` applies to every sequence."""
     lens_q, lens_k, h, hk, d = [1, 7, 65, 130], [7, 65, 1, 130], 4, 2, 40
     q = randn(sum(lens_q), h, d, dtype=dtype).to(device).requires_grad_()
     k = randn(sum(lens_k), hk, d, dtype=dtype).to(device).requires_grad_()
     v = randn(sum(lens_k), hk, d, dtype=dtype).to(device).requires_grad_()
     slopes = torch.rand(h) * 0.3
-    opts = {"causal": causal, "softcap": 4.0, "alibi_slopes": slopes.to(device), "window_size": (50, -1)}
+    opts = {"causal": causal, "softcap": 4.0, "alibi_slopes": slopes.to(device), "window_size": (50, -1),
+            "diagonal": diagonal}
     out, lse, _ = flash_attn_varlen_func(q, k, v, cu(lens_q).to(device), cu(lens_k).to(device), max(lens_q),
                                          max(lens_k), return_attn_probs=True, **opts)
     assert out.shape == q.shape and lse.shape == (h, sum(lens_q)) and out.device == q.device
@@ -40,7 +47,7 @@ def check_varlen(causal, dtype, device="cpu"):
         res = {}
         for prec in (torch.float64, dtype, torch.float32):
             xs = [leaf(t[r][None], prec) for t, r in zip(xs_h, (rq, rk, rk))]
-            o, l = attention(*xs, causal=causal, softcap=4.0, alibi=slopes, window=(50, -1))
+            o, l = attention(*xs, causal=causal, softcap=4.0, alibi=slopes, window=(50, -1), diagonal=diagonal)
             o.backward(dout[rq][None].to(prec))
             res[prec] = (o[0], l[0], [x.grad[0] for x in xs])
         exact, plain = res[torch.float64], res[dtype]

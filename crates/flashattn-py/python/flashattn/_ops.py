@@ -36,8 +36,9 @@ def _desc(name: str, t: Tensor):
 
 
 def _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap,
-          deterministic=False, rel_bias=None):
-    """The native module's options tuple; negative window sides and a zero softcap mean none."""
+          deterministic=False, rel_bias=None, diagonal=None):
+    """The native module's options tuple; negative window sides and a zero softcap mean none,
+    ``diagonal`` None the bottom-right one."""
     window = (window_left if window_left >= 0 else None, window_right if window_right >= 0 else None)
     varlen = None
     if cu_seqlens_q is not None and cu_seqlens_k is not None:
@@ -51,6 +52,7 @@ def _opts(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, wi
         varlen,
         bool(deterministic),
         None if rel_bias is None else _desc("rel_bias", rel_bias),
+        diagonal,
     )
 
 
@@ -91,13 +93,16 @@ def _fwd(
     softcap: float,
     deterministic: bool = False,
     rel_bias: Optional[Tensor] = None,
+    diagonal: Optional[int] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Attention output (contiguous, q's dtype, v's head dim) and log-sum-exp (f32);
     ``deterministic`` is kept for the backward; ``rel_bias`` a relative-position table (f32
-    ``[heads, 2L - 1]``)."""
+    ``[heads, 2L - 1]``); ``diagonal``: query i's diagonal at key i + diagonal (None: the
+    bottom-right one)."""
     out, lse = _fwd_outputs(q, v, cu_seqlens_q is not None)
     opts = _opts(
-        bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap, False, rel_bias
+        bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap, False, rel_bias,
+        diagonal,
     )
     with _cuda.on_device(q):
         qkv, outputs = (_desc("q", q), _desc("k", k), _desc("v", v)), (_desc("out", out), _desc("lse", lse))
@@ -110,7 +115,7 @@ fwd = torch.library.custom_op("flashattn::fwd", mutates_args=(), device_types=("
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap,
-              deterministic=False, rel_bias=None):
+              deterministic=False, rel_bias=None, diagonal=None):
     return _fwd_outputs(q, v, cu_seqlens_q is not None)
 
 
@@ -131,6 +136,7 @@ def _bwd(
     softcap: float,
     deterministic: bool = False,
     rel_bias: Optional[Tensor] = None,
+    diagonal: Optional[int] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv (contiguous, in their inputs' dtype), dbias and drel_bias (f32, in their
     biases' shapes; empty without that bias); ``deterministic``: the same bits on every run (the
@@ -140,7 +146,7 @@ def _bwd(
         dout = dout.contiguous()
     opts = _opts(
         bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap, deterministic,
-        rel_bias,
+        rel_bias, diagonal,
     )
     inputs = tuple(_desc(n, t) for n, t in zip(("q", "k", "v", "out", "lse", "dout"), (q, k, v, out, lse, dout)))
     grads = (
@@ -160,25 +166,29 @@ bwd = torch.library.custom_op("flashattn::bwd", mutates_args=(), device_types=("
 
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, wl, wr, softcap,
-              deterministic=False, rel_bias=None):
+              deterministic=False, rel_bias=None, diagonal=None):
     return _bwd_outputs(q, k, v, bias, rel_bias)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, wl, wr, softcap, deterministic, rel_bias = inputs
+    q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, wl, wr, softcap, deterministic = inputs[:12]
+    rel_bias, diagonal = inputs[12:]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rel_bias)
     ctx.options = (scale, wl, wr, softcap, deterministic)
+    ctx.diagonal = diagonal
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, _dlse):
     q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, rel_bias = ctx.saved_tensors
     args = (dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
-    dq, dk, dv, dbias, drel = (_bwd if _eager(args + (rel_bias,)) else bwd)(*args, *ctx.options, rel_bias)
+    dq, dk, dv, dbias, drel = (_bwd if _eager(args + (rel_bias,)) else bwd)(
+        *args, *ctx.options, rel_bias, ctx.diagonal
+    )
     dbias = dbias.to(bias.dtype) if bias is not None else None
     drel = drel if rel_bias is not None else None
-    return dq, dk, dv, dbias, None, None, None, None, None, None, None, None, drel
+    return dq, dk, dv, dbias, None, None, None, None, None, None, None, None, drel, None
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -212,12 +222,12 @@ class _Attention(torch.autograd.Function):
 
 
 def attention(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap,
-              deterministic, rel_bias=None):
+              deterministic, rel_bias=None, diagonal=None):
     """``flashattn::fwd(...)``'s result, the same as calling the operator: in plain eager code
     (:func:`_eager`) its implementation, through :class:`_Attention` when a gradient is needed;
     else the operator."""
     args = (q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale, window_left, window_right, softcap,
-            deterministic, rel_bias)
+            deterministic, rel_bias, diagonal)
     if not _eager(args[:7] + (rel_bias,)):
         return fwd(*args)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias, rel_bias)):

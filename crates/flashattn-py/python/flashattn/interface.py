@@ -2,6 +2,7 @@
 ``flashattn::fwd`` operator: same arguments, defaults, layouts and return values, on CPU and CUDA
 tensors."""
 
+import operator
 from typing import Optional, Tuple
 
 import numpy as np
@@ -14,6 +15,18 @@ def _window(causal: bool, window_size: Tuple[int, int]) -> Tuple[int, int]:
     """The window's (left, right), -1 unbounded; causal is right = 0, aligned bottom-right."""
     left, right = window_size
     return left, (0 if causal else right)
+
+
+def _diagonal(diagonal) -> Optional[int]:
+    """``diagonal`` as an int (None stays None), within 64 bits; the library checks its range."""
+    if diagonal is None:
+        return None
+    if isinstance(diagonal, bool) or not hasattr(type(diagonal), "__index__"):
+        raise TypeError(f"invalid type for `diagonal`: expected an int or None, got {type(diagonal).__name__}")
+    d = operator.index(diagonal)
+    if not -(2**63) <= d < 2**63:
+        raise ValueError(f"invalid argument `diagonal`: expected a 64-bit integer, got {d}")
+    return d
 
 
 def _check(dropout_p: float, *tensors) -> None:
@@ -59,6 +72,7 @@ def flash_attn_func(
     *,
     bias=None,
     rel_bias=None,
+    diagonal=None,
 ):
     """Exact attention of ``q`` ``[batch, seqlen_q, heads, head_dim]`` over ``k``, ``v``
     ``[batch, seqlen_k, heads_k, head_dim]`` (``heads`` a multiple of ``heads_k``: MQA/GQA).
@@ -70,10 +84,13 @@ def flash_attn_func(
     ``[batch, heads, seqlen_q, seqlen_k]``, differentiable. ``rel_bias`` (keyword only) is a
     relative-position table, f32 ``[heads, 2L - 1]``, differentiable: query ``i`` and key ``j`` add
     ``rel_bias[h, clamp(j - (i + seqlen_k - seqlen_q), -(L-1), L-1) + L - 1]`` to their score
-    (after softcap, with ALiBi and the bias). ``deterministic=True`` makes the CUDA
-    backward give the same bits on every run (dQ and the bias gradient in a fixed order instead of
-    by atomics); the CPU backward already does for a thread count. CUDA tensors run on PyTorch's
-    current stream.
+    (after softcap, with ALiBi and the bias). ``diagonal`` (keyword only, an int) puts query
+    ``i``'s diagonal at key ``i + diagonal`` instead of ``i + seqlen_k - seqlen_q``: the causal
+    mask, the window, ALiBi and ``rel_bias`` measure from it (a block of queries at global position
+    ``qo`` against keys at ``ko``: ``qo - ko``); the CPU only for now. ``deterministic=True``
+    makes the CUDA backward give the same bits on every run (dQ and the bias gradient in a fixed
+    order instead of by atomics); the CPU backward already does for a thread count. CUDA tensors
+    run on PyTorch's current stream.
     numpy arrays in, numpy arrays out; other DLPack objects (CuPy, JAX arrays) are read where
     they lie and give torch tensors (``cupy.from_dlpack(out)`` takes them back without a copy).
     """
@@ -85,7 +102,7 @@ def flash_attn_func(
     left, right = _window(causal, window_size)
     out, lse = _ops.attention(
         _rows(q), _rows(k), _rows(v), bias, alibi_slopes, None, None, softmax_scale, left, right, float(softcap),
-        bool(deterministic), rel_bias,
+        bool(deterministic), rel_bias, _diagonal(diagonal),
     )
     return _finish(out, lse, numpy, return_attn_probs)
 
@@ -108,13 +125,15 @@ def flash_attn_varlen_func(
     return_attn_probs=False,
     *,
     rel_bias=None,
+    diagonal=None,
 ):
     """Attention over packed variable-length sequences: ``q`` ``[total_q, heads, head_dim]``,
     ``k``, ``v`` ``[total_k, heads_k, head_dim]``, sequence ``b`` the rows
     ``cu_seqlens[b]:cu_seqlens[b + 1]`` (int32, ``batch + 1`` entries from 0). ``max_seqlen_q``
     and ``max_seqlen_k`` are accepted as FlashAttention-2 takes them; the lengths come from the
     ``cu_seqlens``. Otherwise as :func:`flash_attn_func` (``rel_bias`` too, each sequence aligned
-    by its own lengths); ``softmax_lse`` is ``[heads, total_q]``.
+    by its own lengths; ``diagonal``, the same for every sequence); ``softmax_lse`` is
+    ``[heads, total_q]``.
     """
     (q, numpy), (k, _), (v, _) = _torch(q), _torch(k), _torch(v)
     cu_q, cu_k, alibi_slopes = _torch(cu_seqlens_q)[0], _torch(cu_seqlens_k)[0], _torch(alibi_slopes)[0]
@@ -123,6 +142,6 @@ def flash_attn_varlen_func(
     left, right = _window(causal, window_size)
     out, lse = _ops.attention(
         _rows(q), _rows(k), _rows(v), None, alibi_slopes, cu_q, cu_k, softmax_scale, left, right, float(softcap),
-        bool(deterministic), rel_bias,
+        bool(deterministic), rel_bias, _diagonal(diagonal),
     )
     return _finish(out, lse, numpy, return_attn_probs)
