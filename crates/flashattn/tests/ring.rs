@@ -205,3 +205,40 @@ fn a_failing_rank_stops_the_ring() {
     let e = results[1].as_ref().unwrap_err();
     assert_eq!(e.argument(), Some("bias"), "{e}");
 }
+
+/// On a GPU: partials computed there merge (non-causal, where the keys' split needs no diagonal),
+/// and the ring itself is a typed Unsupported until the CUDA kernels take a diagonal.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_partials_merge_and_the_gpu_ring_is_unsupported() {
+    use flashattn::Device;
+    let x = Case::new(40, 64, 64)
+        .heads(4, 2)
+        .dtype(DType::BF16)
+        .inputs(&mut rng(9));
+    let gpu = |t: &Tensor| t.to_device(Device::Cuda(0)).unwrap();
+    let (q, k, v) = (gpu(&x.q), gpu(&x.k), gpu(&x.v));
+    let keys = |t: &Tensor, a: usize, n: usize| {
+        let mut shape = t.shape().to_vec();
+        shape[1] = n;
+        t.view(&shape, t.strides(), t.offset() + a * t.strides()[1])
+            .unwrap()
+    };
+    let parts: Vec<_> = [(0, 24), (24, 40)]
+        .iter()
+        .map(|&(a, n)| forward(&q, &keys(&k, a, n), &keys(&v, a, n), &x.p).unwrap())
+        .collect();
+    let merged = merge_partials(&parts).unwrap();
+    let o = oracle::forward(&x.q, &x.k, &x.v, &x.p).unwrap();
+    let s = standard::forward(&x.q, &x.k, &x.v, &x.p).unwrap();
+    let err = rel(&merged.out.to_f64_vec().unwrap(), &o.out);
+    let std_err = rel(&s.out.to_f64_vec().unwrap(), &o.out);
+    assert!(
+        err <= tolerance(DType::BF16, std_err),
+        "{err} (standard {std_err})"
+    );
+    let comm = LocalRing::new(1).unwrap().pop().unwrap();
+    let e = ring_forward(&comm, &q, &k, &v, &x.p).unwrap_err();
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+}

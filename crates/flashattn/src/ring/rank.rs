@@ -4,7 +4,7 @@ use crate::attention::{backward, forward};
 use crate::error::{Error, Result};
 use crate::outputs::{ForwardOutput, Gradients};
 use crate::params::AttentionParams;
-use crate::tensor::Tensor;
+use crate::tensor::{Device, Tensor};
 
 use super::comm::RingComm;
 use super::merge::Accumulator;
@@ -41,6 +41,13 @@ fn layout(comm: &dyn RingComm, q: &Tensor, k: &Tensor, params: &AttentionParams)
         "diagonal",
         "the ring sets each block's diagonal",
     )?;
+    if q.device() != Device::Cpu {
+        // Each block pair needs its diagonal, which the CUDA kernels do not take yet.
+        return Err(Error::Unsupported {
+            device: "cuda",
+            what: "ring attention (its blocks need AttentionParams::diagonal)".into(),
+        });
+    }
     if q.rank() != 4 || k.rank() != 4 {
         return Err(Error::arg(
             "q",
