@@ -82,18 +82,27 @@ pub struct Sweep {
     pub gemm_gflops: Option<f64>,
 }
 
-/// The configurations of the sweep, in table order.
-fn configs(a: &BenchArgs) -> Vec<(Pass, Config)> {
-    let causal: &[bool] = match a.causal {
+/// Whether each configuration of `a` is causal, in table order.
+pub(crate) fn causal_choices(a: &BenchArgs) -> &'static [bool] {
+    match a.causal {
         CausalChoice::No => &[false],
         CausalChoice::Yes => &[true],
         CausalChoice::Both => &[false, true],
-    };
-    let passes: &[Pass] = match a.pass {
+    }
+}
+
+/// The passes `a` times, in table order.
+pub(crate) fn passes(a: &BenchArgs) -> &'static [Pass] {
+    match a.pass {
         PassChoice::Forward => &[Pass::Forward],
         PassChoice::Backward => &[Pass::Backward],
         PassChoice::Both => &[Pass::Forward, Pass::Backward],
-    };
+    }
+}
+
+/// The configurations of the sweep, in table order.
+fn configs(a: &BenchArgs) -> Vec<(Pass, Config)> {
+    let (causal, passes) = (causal_choices(a), passes(a));
     let lengths: Vec<(usize, usize)> = a
         .seqlens
         .iter()

@@ -9,8 +9,10 @@ use flashattn::{
 };
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
-use super::args::{BenchArgs, CausalChoice, Layout, PassChoice};
-use super::bench::{BACKWARD_FLOP_FACTOR, Pass, median_measurement, progress_bar};
+use super::args::{BenchArgs, Layout};
+use super::bench::{
+    BACKWARD_FLOP_FACTOR, Pass, causal_choices, median_measurement, passes, progress_bar,
+};
 use super::inputs::Config;
 use super::memory::human;
 use super::table::Table;
@@ -143,16 +145,7 @@ fn time(c: &LayerConfig, seed: u64, repeats: u32) -> CliResult<(Measurement, Mea
 
 /// The configurations of `a`, in table order (dtype, head dim, mask, pass, length).
 fn configs(a: &BenchArgs) -> Vec<LayerConfig> {
-    let causal: &[bool] = match a.causal {
-        CausalChoice::No => &[false],
-        CausalChoice::Yes => &[true],
-        CausalChoice::Both => &[false, true],
-    };
-    let passes: &[Pass] = match a.pass {
-        PassChoice::Forward => &[Pass::Forward],
-        PassChoice::Backward => &[Pass::Backward],
-        PassChoice::Both => &[Pass::Forward, Pass::Backward],
-    };
+    let (causal, passes) = (causal_choices(a), passes(a));
     let mut out = Vec::new();
     for &dtype in &a.dtype {
         for &d in &a.head_dims {
