@@ -133,6 +133,55 @@ fn merged_parts_equal_one_call() {
     }
 }
 
+/// Packed parts (`[total, heads, dv]`, lse `[heads, total]`) merge as their padded form does.
+#[test]
+fn packed_parts_merge_like_padded_ones() {
+    let x = Case::new(12, 20, 8).heads(2, 1).inputs(&mut rng(11));
+    let keys = |t: &Tensor, a: usize| {
+        t.view(&[1, 10, 1, 8], t.strides(), t.offset() + a * t.strides()[1])
+            .unwrap()
+    };
+    let parts: Vec<_> = [0, 10]
+        .iter()
+        .map(|&a| {
+            forward(
+                &x.q,
+                &keys(&x.k, a),
+                &keys(&x.v, a),
+                &x.p.clone().diagonal(8 - a as i64),
+            )
+            .unwrap()
+        })
+        .collect();
+    let packed: Vec<_> = parts
+        .iter()
+        .map(|p| flashattn::ForwardOutput {
+            out: p
+                .out
+                .view(&[12, 2, 8], &p.out.strides()[1..], p.out.offset())
+                .unwrap(),
+            lse: p
+                .lse
+                .view(&[2, 12], &p.lse.strides()[1..], p.lse.offset())
+                .unwrap(),
+        })
+        .collect();
+    let (a, b) = (
+        merge_partials(&parts).unwrap(),
+        merge_partials(&packed).unwrap(),
+    );
+    assert_eq!(b.out.shape(), &[12, 2, 8]);
+    assert_eq!(b.lse.shape(), &[2, 12]);
+    assert_eq!(
+        a.out.to_vec::<f32>().unwrap(),
+        b.out.to_vec::<f32>().unwrap()
+    );
+    assert_eq!(
+        a.lse.to_vec::<f32>().unwrap(),
+        b.lse.to_vec::<f32>().unwrap()
+    );
+}
+
 #[test]
 fn merge_rejects_unlike_parts() {
     let x = Case::new(6, 6, 4).inputs(&mut rng(1));

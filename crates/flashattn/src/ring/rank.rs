@@ -165,16 +165,12 @@ pub fn ring_backward(
             dk.add(&g.dk, kb)?;
             dv.add(&g.dv, kb)?;
         }
-        comm.send_next(vec![dk.tensor()?, dv.tensor()?])?;
+        comm.send_next(vec![dk.into_tensor()?, dv.into_tensor()?])?;
         if s + 1 < z.ranks {
             block = received(comm.recv_prev()?, [k, v])?;
         }
-        let mut sums = received(comm.recv_prev()?, [k, v])?.into_iter();
-        let (gk, gv) = (
-            sums.next().expect("two tensors"),
-            sums.next().expect("two tensors"),
-        );
-        (dk, dv) = (Sum::from(&gk)?, Sum::from(&gv)?);
+        let sums = received(comm.recv_prev()?, [k, v])?;
+        (dk, dv) = (Sum::from(&sums[0])?, Sum::from(&sums[1])?);
     }
     Ok(Gradients {
         dq: dq.finish(q.dtype())?,
@@ -233,11 +229,12 @@ impl Sum {
         Ok(())
     }
 
-    fn tensor(&self) -> Result<Tensor> {
-        Tensor::from_vec(self.data.clone(), &self.shape)
+    /// The sum as an f32 tensor (to send on).
+    fn into_tensor(self) -> Result<Tensor> {
+        Tensor::from_vec(self.data, &self.shape)
     }
 
     fn finish(self, dtype: crate::dtype::DType) -> Result<Tensor> {
-        Tensor::from_vec(self.data, &self.shape)?.to_dtype(dtype)
+        self.into_tensor()?.to_dtype(dtype)
     }
 }
