@@ -25,6 +25,7 @@ struct FlashParams {
     int head_dim, head_dim_v;
     int window_left, window_right;  // clamped to 2^30 (= unbounded)
     int rel_radius;                 // L - 1 of the relative-position table
+    int diag_given, diag;           // the call's diagonal (src/cuda/diagonal.rs), else nk - nq each
     float scale, scale_log2, softcap;
 };
 
@@ -32,7 +33,7 @@ struct FlashParams {
 struct SeqInfo {
     int b, h, hk;
     int q_row0, k_row0, nq, nk;
-    int diag;  // key position of query 0's diagonal: nk - nq
+    int diag;  // key position of query 0's diagonal (|i + diag| < 2^30 for every row i)
 };
 
 // Query head `h` of sequence `b`.
@@ -52,7 +53,7 @@ __device__ __forceinline__ SeqInfo seq_info_at(const FlashParams& p, int b, int 
         s.nq = p.nq;
         s.nk = p.nk;
     }
-    s.diag = s.nk - s.nq;
+    s.diag = p.diag_given ? p.diag : s.nk - s.nq;
     return s;
 }
 

@@ -5,7 +5,7 @@
 
 #define SCORE_MODS (HAS_SOFTCAP || HAS_ALIBI || HAS_BIAS || HAS_REL_BIAS || NONPOS_SCALE)
 
-// ---- the mask: causal is the window (left = inf, right = 0), aligned bottom-right --------------
+// ---- the mask: causal is the window (left = inf, right = 0) around query i's key i + diag -------
 
 // Whether query `i` sees key `j`.
 __device__ __forceinline__ bool visible(const FlashParams& p, const SeqInfo& s, int i, int j) {
@@ -14,7 +14,8 @@ __device__ __forceinline__ bool visible(const FlashParams& p, const SeqInfo& s, 
 }
 
 // The key blocks that queries [i0, i1) see at all: [*first, *end) in units of `bc` keys. In 32 bits:
-// i + diag lies in (-2^31, nk) for a row i of the sequence, and the window edges are at most 2^30,
+// i + diag lies in (-2^31, nk) for a row i of the sequence under the default diag = nk - nq and
+// within ±2^30 under a given one (src/cuda/diagonal.rs), and the window edges are at most 2^30,
 // so each edge is clamped to [0, nk] before it could overflow.
 __device__ __forceinline__ void key_blocks(const FlashParams& p, const SeqInfo& s, int i0, int i1,
                                            int bc, int* first, int* end) {

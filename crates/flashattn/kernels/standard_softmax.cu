@@ -69,7 +69,8 @@ struct SoftmaxParams {
     i64 bias_stride[4]; // b, h, i, j (0 along broadcast dimensions)
     i64 window_left;    // keys before the diagonal a query sees (huge when unbounded)
     i64 window_right;   // keys after it
-    int batch, heads, max_nq, max_nk, total_q, rel_radius;
+    i64 diagonal;       // query 0's diagonal of every sequence when diagonal_given, else nk - nq
+    int batch, heads, max_nq, max_nk, total_q, rel_radius, diagonal_given;
     float softcap;      // 0: none
 };
 
@@ -104,8 +105,9 @@ extern "C" __global__ void __launch_bounds__(SOFTMAX_THREADS) standard_softmax(c
         for (int j = threadIdx.x; j < p.max_nk; j += SOFTMAX_THREADS) row[j] = from_f32(0.0f);
         return;
     }
-    // Keys query i sees: the window around its diagonal position i + nk - nq, within 0..nk.
-    const i64 center = (i64)i + nk - nq;
+    // Keys query i sees: the window around its diagonal position i + diagonal, within 0..nk
+    // (|diagonal| <= 2^40 and the window's edges below 2^61 keep every sum in 64 bits).
+    const i64 center = (i64)i + (p.diagonal_given ? p.diagonal : (i64)nk - nq);
     i64 lo = center - p.window_left, hi = center + p.window_right + 1;
     lo = lo < 0 ? 0 : (lo > nk ? nk : lo);
     hi = hi < 0 ? 0 : (hi > nk ? nk : hi);

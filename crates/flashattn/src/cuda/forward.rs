@@ -370,7 +370,7 @@ pub(crate) fn gpu_for(p: &Problem, k: &Tensor) -> Result<Arc<Gpu>> {
             got: p.device.to_string(),
         });
     };
-    super::expect_bottom_right(p)?;
+    super::diagonal::kernel_diagonal(p)?;
     let limit = i32::MAX as usize;
     for (what, n) in [
         ("query rows", p.total_q.max(p.max_nq)),
@@ -423,7 +423,7 @@ fn queue(
     };
     let extras = Extras::upload(g, p, &mut ptr)?;
     let o_layout = row_layout(out);
-    let params = FlashParams::new(p, ptr, &o_layout);
+    let params = FlashParams::new(p, ptr, &o_layout)?;
 
     let align = Alignment {
         strides: [&p.q, &p.k, &p.v, &o_layout].map(|l| [l.batch, l.row, l.head]),

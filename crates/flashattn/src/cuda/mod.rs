@@ -11,6 +11,7 @@ pub(crate) mod backward;
 pub(crate) mod blas;
 pub mod compile;
 pub(crate) mod device;
+mod diagonal;
 mod disk_cache;
 mod foreign;
 pub(crate) mod forward;
@@ -73,23 +74,6 @@ impl Backend for Cuda {
         g: &mut Gradients,
     ) -> crate::Result<()> {
         backward::backward_into(p, x, g)
-    }
-}
-
-/// The kernels put query `i`'s diagonal at key `i + nk − nq` (`block_info.cuh`); another
-/// diagonal is an error until they take one.
-pub(crate) fn expect_bottom_right(p: &Problem) -> crate::Result<()> {
-    match p.seqs.iter().find(|s| !s.is_bottom_right()) {
-        None => Ok(()),
-        Some(s) => Err(crate::Error::Unsupported {
-            device: "cuda",
-            what: format!(
-                "diagonal = {} (the CUDA kernels take only nk − nq = {} here; another diagonal \
-                 runs on the CPU)",
-                s.diag,
-                s.nk as i64 - s.nq as i64
-            ),
-        }),
     }
 }
 
@@ -186,41 +170,4 @@ pub fn time_ms(
         times.push(f64::from(ms));
     }
     Ok(times)
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::{AttentionParams, Error, Tensor};
-
-    /// The check the GPU passes run first: only the bottom-right diagonal, in every sequence.
-    #[test]
-    fn only_the_bottom_right_diagonal_reaches_the_kernels() {
-        let t = |n: usize| Tensor::from_vec(vec![0.5f32; n * 8], &[n, 1, 8]).unwrap();
-        let (q, k) = (t(6), t(10));
-        let check = |cu_q: &[i32], d: Option<i64>| {
-            let mut p = AttentionParams::default().varlen(cu_q.to_vec(), vec![0, 4, 10]);
-            p.diagonal = d;
-            let p = crate::problem::Problem::new(&q, &k, &k, &p).unwrap();
-            super::expect_bottom_right(&p)
-        };
-        // nk − nq = 2 and 2, then 1 and 3.
-        for ok in [
-            (&[0, 2, 6], None),
-            (&[0, 2, 6], Some(2)),
-            (&[0, 3, 6], None),
-        ] {
-            check(ok.0, ok.1).unwrap();
-        }
-        for (cu_q, d) in [(&[0, 2, 6], 3), (&[0, 3, 6], 1)] {
-            let err = check(cu_q, Some(d)).unwrap_err();
-            assert!(
-                matches!(err, Error::Unsupported { device: "cuda", .. }),
-                "{err}"
-            );
-            assert!(
-                err.to_string().contains(&format!("diagonal = {d}")),
-                "{err}"
-            );
-        }
-    }
 }

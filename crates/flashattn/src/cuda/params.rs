@@ -5,14 +5,11 @@
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
 
 use super::device::Gpu;
+use super::diagonal::kernel_diagonal;
 use super::forward::device_ptr_of;
 use crate::error::Result;
 use crate::problem::{Problem, RowLayout};
 use crate::tensor::Tensor;
-
-/// A window edge the kernels treat as unbounded (keeps `i + diag ± edge` inside 64-bit math and
-/// every per-element difference inside 32 bits).
-const UNBOUNDED: i32 = 1 << 30;
 
 /// Mirrors `struct FlashParams` in `kernels/block_info.cuh` field by field: 8-byte fields first, then
 /// 4-byte ones, so `#[repr(C)]` gives the same layout on both sides.
@@ -46,6 +43,8 @@ pub(crate) struct FlashParams {
     pub window_left: i32,
     pub window_right: i32,
     pub rel_radius: i32,
+    pub diag_given: i32,
+    pub diag: i32,
     pub scale: f32,
     pub scale_log2: f32,
     pub softcap: f32,
@@ -135,13 +134,11 @@ fn strides(l: &RowLayout) -> [i64; 3] {
     [l.batch as i64, l.row as i64, l.head as i64]
 }
 
-fn edge(w: Option<usize>) -> i32 {
-    w.map_or(UNBOUNDED, |w| w.min(UNBOUNDED as usize) as i32)
-}
-
 impl FlashParams {
-    /// The parameters of `p` with output rows laid out as `o` (same batch/row/head meaning as q).
-    pub(crate) fn new(p: &Problem, ptr: Pointers, o: &RowLayout) -> Self {
+    /// The parameters of `p` with output rows laid out as `o` (same batch/row/head meaning as q);
+    /// `Error::Unsupported` for a diagonal the kernels cannot hold (see [`kernel_diagonal`]).
+    pub(crate) fn new(p: &Problem, ptr: Pointers, o: &RowLayout) -> Result<Self> {
+        let diag = kernel_diagonal(p)?;
         let bias_strides = p
             .bias
             .as_ref()
@@ -151,7 +148,7 @@ impl FlashParams {
         } else {
             ((p.heads_q * p.max_nq) as i64, p.max_nq as i64)
         };
-        FlashParams {
+        Ok(FlashParams {
             q: ptr.q,
             k: ptr.k,
             v: ptr.v,
@@ -176,13 +173,15 @@ impl FlashParams {
             nk: p.max_nk as i32,
             head_dim: p.head_dim as i32,
             head_dim_v: p.head_dim_v as i32,
-            window_left: edge(p.window.left),
-            window_right: edge(p.window.right),
+            window_left: diag.window_left,
+            window_right: diag.window_right,
             rel_radius: p.rel_bias.as_ref().map_or(0, |r| r.radius as i32),
+            diag_given: i32::from(diag.diag.is_some()),
+            diag: diag.diag.unwrap_or(0),
             scale: p.scale,
             scale_log2: p.scale * std::f32::consts::LOG2_E,
             softcap: p.softcap.unwrap_or(0.0),
-        }
+        })
     }
 }
 
@@ -192,10 +191,10 @@ mod tests {
 
     #[test]
     fn layout_matches_the_cuda_struct() {
-        // 10 pointers, 18 strides, 10 ints, 3 floats: 8·28 + 4·13 bytes, and 4 of padding to
+        // 10 pointers, 18 strides, 12 ints, 3 floats: 8·28 + 4·15 bytes, and 4 of padding to
         // a multiple of 8 (on both sides).
-        assert_eq!(std::mem::size_of::<FlashParams>(), 8 * 28 + 4 * 14);
+        assert_eq!(std::mem::size_of::<FlashParams>(), 8 * 28 + 4 * 16);
         assert_eq!(std::mem::offset_of!(FlashParams, batch), 8 * 28);
-        assert_eq!(std::mem::offset_of!(FlashParams, scale), 8 * 28 + 4 * 10);
+        assert_eq!(std::mem::offset_of!(FlashParams, scale), 8 * 28 + 4 * 12);
     }
 }

@@ -59,12 +59,14 @@ struct SoftmaxParams {
     bias_stride: [i64; 4],
     window_left: i64,
     window_right: i64,
+    diagonal: i64,
     batch: i32,
     heads: i32,
     max_nq: i32,
     max_nk: i32,
     total_q: i32,
     rel_radius: i32,
+    diagonal_given: i32,
     softcap: f32,
 }
 
@@ -157,7 +159,6 @@ pub(crate) fn forward(p: &Problem, q: &Tensor, k: &Tensor, v: &Tensor) -> Result
             got: p.device.to_string(),
         });
     };
-    super::expect_bottom_right(p)?;
     let gpu = gpu(ordinal)?;
     let g = &*gpu;
     let dt = p.dtype;
@@ -358,12 +359,19 @@ pub(crate) fn forward(p: &Problem, q: &Tensor, k: &Tensor, v: &Tensor) -> Result
             bias_stride,
             window_left: p.window.left.map_or(huge, |w| w.min(huge as usize) as i64),
             window_right: p.window.right.map_or(huge, |w| w.min(huge as usize) as i64),
+            // Every sequence shares a diagonal that is not the default (`seqs[0]` then exists).
+            diagonal: if p.is_bottom_right() {
+                0
+            } else {
+                p.seqs[0].diag
+            },
             batch,
             heads: hq,
             max_nq: nq,
             max_nk: nk,
             total_q: to_i32("total_q", p.total_q)?,
             rel_radius: p.rel_bias.as_ref().map_or(0, |r| r.radius as i32),
+            diagonal_given: i32::from(!p.is_bottom_right()),
             softcap: p.softcap.unwrap_or(0.0),
         };
         let cfg = LaunchConfig {

@@ -295,7 +295,7 @@ fn queue(g: &Arc<Gpu>, p: &Problem, x: BackwardInputs<'_>, grads: &mut Gradients
     bptr.delta = delta.device_ptr(&g.stream).0;
     bptr.dq_accum = accum.device_ptr(&g.stream).0;
     bptr.drel_part = rel_part.device_ptr(&g.stream).0;
-    let f = FlashParams::new(p, ptr, &row_layout(out));
+    let f = FlashParams::new(p, ptr, &row_layout(out))?;
     let sizes = (accum_elems, parts);
     let params = BwdParams::new(p, (f, bptr), &layouts, sizes, dq_blocks);
     // The Hopper kernel's map of the accumulator, which its dQ tiles are added into (checked
