@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from check import compare, randn
-from test_attention import DTYPES, OPTIONS, SHAPES
+from test_attention import DIAGONALS, DTYPES, OPTIONS, SHAPES
 from test_varlen import check_varlen
 from flashattn import flash_attn_func, flash_attn_varlen_func
 
@@ -227,11 +227,35 @@ def test_another_gpu_is_a_device_mismatch_and_keeps_the_current_device():
     assert torch.cuda.current_device() == 0
 
 
-def test_only_the_default_diagonal_runs_on_the_gpu_for_now():
-    q, k, v = (randn(1, 7, 2, 64).cuda() for _ in range(3))
-    assert torch.equal(flash_attn_func(q, k, v, causal=True, diagonal=0), flash_attn_func(q, k, v, causal=True))
-    with pytest.raises(NotImplementedError, match="diagonal = -2"):
-        flash_attn_func(q, k, v, causal=True, diagonal=-2)
+# Diagonals past every key (the kernels get them clamped where that changes nothing): all seen
+# reading the table's first or last entry, or none seen under the window.
+FAR_DIAGONALS = [
+    (65, 130, 2**40, {"causal": True, "rel_bias": 6}),
+    (40, 65, -(2**40), {"softcap": 3.0, "rel_bias": 3}),
+    (40, 65, -(2**40), {"window_size": (-1, 5)}),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", range(len(DIAGONALS + FAR_DIAGONALS)))
+def test_diagonal(case, dtype):
+    """Query i's diagonal at key i + diagonal on the GPU: the mask, ALiBi and the table measure
+    from it, output, log-sum-exp and every gradient against the oracle."""
+    nq, nk, diagonal, opts = (DIAGONALS + FAR_DIAGONALS)[case]
+    b, h, hk, d = 2, 4, 2, 64
+    q, k, v = randn(b, nq, h, d, dtype=dtype), randn(b, nk, hk, d, dtype=dtype), randn(b, nk, hk, d, dtype=dtype)
+    opts = dict(opts)
+    slopes = {"heads": (h,), "batch_heads": (b, h)}
+    if "alibi_slopes" in opts:
+        opts["alibi_slopes"] = (torch.rand(*slopes[opts["alibi_slopes"]]) * 0.5).cuda()
+    L = opts.pop("rel_bias", None)
+    rel_bias = None if L is None else randn(h, 2 * L - 1)
+    cuda_compare(q, k, v, dtype, rel_bias=rel_bias, diagonal=diagonal, **opts)
+
+
+@pytest.mark.parametrize("diagonal", [-6, 0, 40])
+def test_varlen_diagonal(diagonal):
+    check_varlen(True, torch.bfloat16, device="cuda", diagonal=diagonal)
 
 
 class Capsule:

@@ -2,7 +2,8 @@
 //! zigzag schedule, the blocks' diagonals and the log-sum-exp merge against the f64 oracle,
 //! forward and backward, P ∈ {1, 2, 3, 4} ranks, full and causal, with sliding windows, ALiBi, a
 //! soft cap, GQA/MQA and V's head dim differing. Bounds as the core call's: f32 ≤ 1e-5, f16/bf16
-//! within 2× the standard attention. Also `merge_partials` on its own, and the errors.
+//! within 2× the standard attention. Also `merge_partials` on its own, the errors, and (on a GPU,
+//! ignored without one) partials merged from the GPU and the ring on one GPU.
 
 mod common;
 
@@ -256,18 +257,20 @@ fn a_failing_rank_stops_the_ring() {
 }
 
 /// On a GPU: partials computed there merge (non-causal, where the keys' split needs no diagonal),
-/// and the ring itself is a typed Unsupported until the CUDA kernels take a diagonal.
+/// and the ring runs there (`LocalRing` of one rank, each pair of chunks a call with its diagonal):
+/// forward and backward against the oracle with the core call's bounds, results on the GPU.
 #[cfg(feature = "cuda")]
 #[test]
 #[ignore = "needs a CUDA device"]
-fn gpu_partials_merge_and_the_gpu_ring_is_unsupported() {
+fn gpu_partials_merge_and_the_gpu_ring_matches_the_oracle() {
+    use common::gpu::{GPU, to_device};
     use flashattn::Device;
+    use flashattn::ring::ring_backward;
     let x = Case::new(40, 64, 64)
         .heads(4, 2)
         .dtype(DType::BF16)
         .inputs(&mut rng(9));
-    let gpu = |t: &Tensor| t.to_device(Device::Cuda(0)).unwrap();
-    let (q, k, v) = (gpu(&x.q), gpu(&x.k), gpu(&x.v));
+    let g = to_device(&x, GPU);
     let keys = |t: &Tensor, a: usize, n: usize| {
         let mut shape = t.shape().to_vec();
         shape[1] = n;
@@ -276,7 +279,7 @@ fn gpu_partials_merge_and_the_gpu_ring_is_unsupported() {
     };
     let parts: Vec<_> = [(0, 24), (24, 40)]
         .iter()
-        .map(|&(a, n)| forward(&q, &keys(&k, a, n), &keys(&v, a, n), &x.p).unwrap())
+        .map(|&(a, n)| forward(&g.q, &keys(&g.k, a, n), &keys(&g.v, a, n), &x.p).unwrap())
         .collect();
     let merged = merge_partials(&parts).unwrap();
     let o = oracle::forward(&x.q, &x.k, &x.v, &x.p).unwrap();
@@ -287,7 +290,45 @@ fn gpu_partials_merge_and_the_gpu_ring_is_unsupported() {
         err <= tolerance(DType::BF16, std_err),
         "{err} (standard {std_err})"
     );
-    let comm = LocalRing::new(1).unwrap().pop().unwrap();
-    let e = ring_forward(&comm, &q, &k, &v, &x.p).unwrap_err();
-    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+
+    let cases = [
+        Case::new(96, 96, 64)
+            .heads(4, 2)
+            .dtype(DType::BF16)
+            .causal()
+            .alibi(Alibi::PerHead),
+        Case::new(40, 40, 64)
+            .dtype(DType::F16)
+            .window(Some(9), Some(0))
+            .softcap(5.0),
+        Case::new(48, 48, 32).causal(),
+    ];
+    check_backward_cases_with("gpu ring", 60_000, &cases, |case, x| {
+        let g = to_device(x, GPU);
+        let comm = LocalRing::new(1).unwrap().pop().unwrap();
+        let f = ring_forward(&comm, &g.q, &g.k, &g.v, &g.p).expect("ring forward");
+        assert_eq!((f.out.device(), f.lse.device()), (GPU, GPU));
+        let o = oracle::forward(&x.q, &x.k, &x.v, &x.p).unwrap();
+        let s = standard::forward(&x.q, &x.k, &x.v, &x.p).unwrap();
+        let (err, std_err) = (
+            rel(&f.out.to_f64_vec().unwrap(), &o.out),
+            rel(&s.out.to_f64_vec().unwrap(), &o.out),
+        );
+        let (lse, std_lse) = (
+            lse_error(&f.lse.to_f64_vec().unwrap(), &o.lse),
+            lse_error(&s.lse.to_f64_vec().unwrap(), &o.lse),
+        );
+        assert!(
+            err <= tolerance(case.dtype, std_err) && lse <= lse_tolerance(case.dtype, std_lse),
+            "{}: out {err} (standard {std_err}), lse {lse} (standard {std_lse})",
+            describe(case)
+        );
+        let grads = ring_backward(&comm, &g.q, &g.k, &g.v, &f.out, &f.lse, &g.dout, &g.p)
+            .expect("ring backward");
+        for t in [&grads.dq, &grads.dk, &grads.dv] {
+            assert_eq!(t.device(), GPU);
+        }
+        let out = f.out.to_device(Device::Cpu).unwrap();
+        gradient_errors(case, x, &out, &grads, [&g.q, &g.k, &g.v])
+    });
 }

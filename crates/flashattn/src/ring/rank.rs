@@ -4,7 +4,7 @@ use crate::attention::{backward, forward};
 use crate::error::{Error, Result};
 use crate::outputs::{ForwardOutput, Gradients};
 use crate::params::AttentionParams;
-use crate::tensor::{Device, Tensor};
+use crate::tensor::Tensor;
 
 use super::comm::RingComm;
 use super::merge::Accumulator;
@@ -41,13 +41,6 @@ fn layout(comm: &dyn RingComm, q: &Tensor, k: &Tensor, params: &AttentionParams)
         "diagonal",
         "the ring sets each block's diagonal",
     )?;
-    if q.device() != Device::Cpu {
-        // Each block pair needs its diagonal, which the CUDA kernels do not take yet.
-        return Err(Error::Unsupported {
-            device: "cuda",
-            what: "ring attention (its blocks need AttentionParams::diagonal)".into(),
-        });
-    }
     if q.rank() != 4 || k.rank() != 4 {
         return Err(Error::arg(
             "q",
@@ -97,7 +90,8 @@ fn pairs(
 /// positions; out `[batch, 2c, heads, dv]` and lse `[batch, heads, 2c]` are its shards of the
 /// whole call's. Options: scale, causal and sliding windows, ALiBi, soft cap, GQA/MQA (no bias,
 /// rel_bias, varlen or diagonal). Every rank must make the call with the same options; a block
-/// is sent on before this rank computes with it.
+/// is sent on before this rank computes with it. On a GPU each pair runs there and the merge on
+/// the host (the results are then uploaded to q's device).
 pub fn ring_forward(
     comm: &dyn RingComm,
     q: &Tensor,
@@ -124,7 +118,11 @@ pub fn ring_forward(
             block = received(comm.recv_prev()?, [k, v])?;
         }
     }
-    acc.finish(q.dtype())
+    let merged = acc.finish(q.dtype())?;
+    Ok(ForwardOutput {
+        out: merged.out.to_device(q.device())?,
+        lse: merged.lse.to_device(q.device())?,
+    })
 }
 
 /// This rank's gradients: `q`, `k`, `v`, `dout` its zigzag shards and `out`, `lse` its shards of
@@ -173,9 +171,9 @@ pub fn ring_backward(
         (dk, dv) = (Sum::from(&sums[0])?, Sum::from(&sums[1])?);
     }
     Ok(Gradients {
-        dq: dq.finish(q.dtype())?,
-        dk: dk.finish(k.dtype())?,
-        dv: dv.finish(v.dtype())?,
+        dq: dq.finish(q)?,
+        dk: dk.finish(k)?,
+        dv: dv.finish(v)?,
         dbias: None,
         drel_bias: None,
     })
@@ -234,7 +232,10 @@ impl Sum {
         Tensor::from_vec(self.data, &self.shape)
     }
 
-    fn finish(self, dtype: crate::dtype::DType) -> Result<Tensor> {
-        self.into_tensor()?.to_dtype(dtype)
+    /// The sum in the dtype and on the device of `like`.
+    fn finish(self, like: &Tensor) -> Result<Tensor> {
+        self.into_tensor()?
+            .to_dtype(like.dtype())?
+            .to_device(like.device())
     }
 }
