@@ -161,7 +161,7 @@ pub struct MaskArgs {
     #[arg(long, value_name = "S", allow_negative_numbers = true)]
     pub scale: Option<f32>,
     /// Query i's diagonal at key i + D (default seqlen_k - seqlen_q); the window, ALiBi and
-    /// rel_bias measure from it. CPU only for now.
+    /// rel_bias measure from it.
     #[arg(long, value_name = "D", allow_negative_numbers = true)]
     pub diagonal: Option<i64>,
 }

@@ -16,7 +16,7 @@ class FlashParams(ctypes.Structure):
                                           "v_batch", "v_row", "v_head", "o_batch", "o_row", "o_head",
                                           "bias_batch", "bias_head", "bias_row", "bias_col", "lse_batch", "lse_head"]] + \
         [(n, ctypes.c_int) for n in ["batch", "heads_q", "group", "nq", "nk", "head_dim", "head_dim_v",
-                                     "window_left", "window_right", "rel_radius"]] + \
+                                     "window_left", "window_right", "rel_radius", "diag_given", "diag"]] + \
         [(n, ctypes.c_float) for n in ["scale", "scale_log2", "softcap"]]
 
 _cache = {}

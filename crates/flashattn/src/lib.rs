@@ -9,7 +9,7 @@
 //!   [`backward_into`] write into tensors the caller keeps from call to call.
 //! * Options: scale, causal and sliding windows ([`Window`]), ALiBi, softcap, additive bias,
 //!   relative-position bias, the diagonal offset ([`AttentionParams::diagonal`]: query `i` at
-//!   key `i + d`, for ring attention's blocks; CPU only for now), MQA/GQA, packed
+//!   key `i + d`, for ring attention's blocks), MQA/GQA, packed
 //!   variable-length batches, head dims 1..=512 (V's may differ).
 //! * [`layer_forward`] and [`layer_backward`]: the fused attention layer (QKV projection, rotary
 //!   embedding, attention, output projection) built on them.

@@ -61,8 +61,9 @@ pub struct AttentionParams {
     /// relative-position bias measure from it. `None`: `nk − nq` (aligned bottom-right). With
     /// [`VarLen`] the same `d` applies to every sequence. For blocks of a longer sequence (ring
     /// attention), queries from global position `qo` against keys from `ko`: `d = qo − ko`.
-    /// At most [`MAX_DIAGONAL`] in magnitude. The CPU only for now: on CUDA tensors a diagonal
-    /// other than `nk − nq` is an [`crate::Error::Unsupported`].
+    /// At most [`MAX_DIAGONAL`] in magnitude. On CUDA tensors, one that the kernels' 32-bit
+    /// positions cannot hold exactly even clamped (ALiBi with `nq + nk + |d|` over 2^30, a window
+    /// edge that binds that far) is an [`crate::Error::Unsupported`].
     pub diagonal: Option<i64>,
     /// Packed variable-length batches; `None` for padded `[batch, seqlen, heads, head_dim]` inputs.
     pub varlen: Option<VarLen>,

@@ -87,7 +87,7 @@ def flash_attn_func(
     (after softcap, with ALiBi and the bias). ``diagonal`` (keyword only, an int) puts query
     ``i``'s diagonal at key ``i + diagonal`` instead of ``i + seqlen_k - seqlen_q``: the causal
     mask, the window, ALiBi and ``rel_bias`` measure from it (a block of queries at global position
-    ``qo`` against keys at ``ko``: ``qo - ko``); the CPU only for now. ``deterministic=True``
+    ``qo`` against keys at ``ko``: ``qo - ko``), on the CPU and the GPU. ``deterministic=True``
     makes the CUDA backward give the same bits on every run (dQ and the bias gradient in a fixed
     order instead of by atomics); the CPU backward already does for a thread count. CUDA tensors
     run on PyTorch's current stream.

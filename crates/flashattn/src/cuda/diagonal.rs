@@ -132,14 +132,18 @@ mod tests {
         (p.mask(b).visible(i, j), col, t.unsigned_abs() as f64 as f32)
     }
 
-    fn problem(
-        lens: &[(usize, usize)],
+    /// One call's mask options: window edges, diagonal, table radius (0: no table), ALiBi.
+    #[derive(Clone, Copy, Debug)]
+    struct Call {
         left: Option<usize>,
         right: Option<usize>,
         d: i64,
         r: usize,
         alibi: bool,
-    ) -> Problem {
+    }
+
+    /// The problem of `c` over packed sequences of (queries, keys) `lens`, one head of dim 8.
+    fn problem(lens: &[(usize, usize)], c: Call) -> Problem {
         let (cq, ck) = lens
             .iter()
             .fold((vec![0], vec![0]), |(mut q, mut k), &(a, b)| {
@@ -150,23 +154,22 @@ mod tests {
         let t = |n: i32| Tensor::from_vec(vec![0f32; n as usize * 8], &[n as usize, 1, 8]).unwrap();
         let mut params = AttentionParams::default()
             .varlen(cq.clone(), ck.clone())
-            .diagonal(d);
-        params.window = crate::Window::new(left, right);
-        if r > 0 {
-            params.rel_bias =
-                Some(Tensor::from_vec(vec![0f32; 2 * r + 1], &[1, 2 * r + 1]).unwrap());
+            .diagonal(c.d);
+        params.window = crate::Window::new(c.left, c.right);
+        if c.r > 0 {
+            let w = 2 * c.r + 1;
+            params.rel_bias = Some(Tensor::from_vec(vec![0f32; w], &[1, w]).unwrap());
         }
-        if alibi {
+        if c.alibi {
             params.alibi_slopes = Some(Tensor::from_vec(vec![0.5f32], &[1]).unwrap());
         }
         let (q, k) = (t(*cq.last().unwrap()), t(*ck.last().unwrap()));
         Problem::new(&q, &k, &k, &params).unwrap()
     }
 
-    /// Every pair of every sequence: the kernels' mask and table column equal the call's, and so
-    /// does the ALiBi distance wherever a key is seen (with ALiBi the diagonal is never clamped).
-    #[test]
-    fn clamped_diagonals_change_nothing() {
+    /// Window pairs, diagonals, table radii and ALiBi off/on, with ALiBi only where the diagonal
+    /// stays within 32 bits.
+    fn calls() -> Vec<Call> {
         let edges = [
             None,
             Some(0),
@@ -193,27 +196,51 @@ mod tests {
             13,
             30,
             100,
-            1 << 33,
-            far,
         ];
+        let mut all = Vec::new();
+        for left in edges {
+            for right in edges {
+                for d in diags.into_iter().chain([1 << 33, far]) {
+                    for r in [0, 1, 4] {
+                        let c = Call {
+                            left,
+                            right,
+                            d,
+                            r,
+                            alibi: false,
+                        };
+                        all.push(c);
+                        if d.abs() < 1000 {
+                            all.push(Call { alibi: true, ..c });
+                        }
+                    }
+                }
+            }
+        }
+        all
+    }
+
+    /// Every pair of every sequence: the kernels' mask and table column equal the call's, and so
+    /// does the ALiBi distance wherever a key is seen (with ALiBi the diagonal is never clamped).
+    #[test]
+    fn clamped_diagonals_change_nothing() {
         let lens = [(7, 12), (12, 5), (1, 1), (0, 3)];
-        for (left, right, d, r, alibi) in cases(&edges, &diags) {
-            let p = problem(&lens, left, right, d, r, alibi);
+        for c in calls() {
+            let p = problem(&lens, c);
             let k = kernel_diagonal(&p).unwrap();
             if let Some(kd) = k.diag {
-                assert!(kd.unsigned_abs() <= 100, "{kd} for {d}");
+                assert!(kd.unsigned_abs() <= 100, "{kd} for {c:?}");
             }
             for (b, s) in p.seqs.iter().enumerate() {
                 for i in 0..s.nq {
                     for j in 0..s.nk {
-                        let (hs, hc, ha) = host(&p, b, r as i64, i, j);
-                        let (ds, dc, da) = device(&k, s.nq, s.nk, r as i32, i, j);
-                        let case =
-                            format!("d {d} window {left:?} {right:?} r {r} seq {b} ({i}, {j})");
+                        let (hs, hc, ha) = host(&p, b, c.r as i64, i, j);
+                        let (ds, dc, da) = device(&k, s.nq, s.nk, c.r as i32, i, j);
+                        let case = format!("{c:?} seq {b} ({i}, {j})");
                         assert_eq!(hs, ds, "seen: {case}");
                         if hs {
                             assert_eq!(hc, dc, "column: {case}");
-                            if alibi {
+                            if c.alibi {
                                 assert_eq!(ha, da, "ALiBi distance: {case}");
                             }
                         }
@@ -223,33 +250,18 @@ mod tests {
         }
     }
 
-    /// Window pairs, diagonals, table radii and ALiBi off/on, with ALiBi only where the diagonal
-    /// stays within 32 bits.
-    fn cases(
-        edges: &[Option<usize>],
-        diags: &[i64],
-    ) -> Vec<(Option<usize>, Option<usize>, i64, usize, bool)> {
-        let mut all = Vec::new();
-        for &l in edges {
-            for &w in edges {
-                for &d in diags {
-                    for r in [0, 1, 4] {
-                        all.push((l, w, d, r, false));
-                        if d.abs() < 1000 {
-                            all.push((l, w, d, r, true));
-                        }
-                    }
-                }
-            }
-        }
-        all
-    }
-
     /// Positions the kernels cannot hold are a typed error naming the diagonal.
     #[test]
     fn diagonals_past_32_bits_are_unsupported() {
         let far = crate::MAX_DIAGONAL;
-        let p = problem(&[(4, 6)], None, Some(0), far, 0, true);
+        let call = |left, right, d, alibi| Call {
+            left,
+            right,
+            d,
+            r: 0,
+            alibi,
+        };
+        let p = problem(&[(4, 6)], call(None, Some(0), far, true));
         let err = kernel_diagonal(&p).unwrap_err();
         assert!(
             matches!(err, Error::Unsupported { device: "cuda", .. }),
@@ -260,10 +272,12 @@ mod tests {
             "{err}"
         );
         // A window whose edge binds far from the sequences.
-        let p = problem(&[(4, 6)], Some(1 << 35), None, 1 << 35, 0, false);
+        let p = problem(&[(4, 6)], call(Some(1 << 35), None, 1 << 35, false));
         assert!(kernel_diagonal(&p).is_err());
-        // The default diagonal is the kernels' own, as before.
-        let p = problem(&[(4, 6), (7, 2)], None, Some(0), 2, 0, true);
+        // Every sequence's own nk − nq is the kernels' default; another is passed as it is.
+        let p = problem(&[(4, 6), (3, 5)], call(None, Some(0), 2, true));
+        assert_eq!(kernel_diagonal(&p).unwrap().diag, None);
+        let p = problem(&[(4, 6), (7, 2)], call(None, Some(0), 2, true));
         assert_eq!(kernel_diagonal(&p).unwrap().diag, Some(2));
     }
 }
