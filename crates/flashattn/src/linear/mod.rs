@@ -1,9 +1,11 @@
 //! Linear attention, the O(N) alternative to softmax attention: with a feature map φ,
 //! `out_i = φ(q_i)ᵀ·S / (φ(q_i)·z + eps)`, `S = Σ_j φ(k_j)·v_jᵀ`, `z = Σ_j φ(k_j)`, the sums over
 //! every key (causal: over keys j ≤ i + nk − nq). No score scale. O(N·D·Dv) time and an O(D·Dv)
-//! state per head; forward and backward, on the CPU.
+//! state per head; forward and backward, on the CPU and on CUDA GPUs.
 
 mod cpu;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -138,12 +140,6 @@ fn check(q: &Tensor, k: &Tensor, v: &Tensor, params: &LinearParams) -> Result<Li
     if d == 0 || dv == 0 {
         return Err(Error::arg("q", "head dims > 0", format!("{d} and {dv}")));
     }
-    if q.device() != Device::Cpu {
-        return Err(Error::Unsupported {
-            device: "cuda",
-            what: "linear attention".into(),
-        });
-    }
     Ok(LinearShape {
         b,
         nq,
@@ -155,12 +151,29 @@ fn check(q: &Tensor, k: &Tensor, v: &Tensor, params: &LinearParams) -> Result<Li
     })
 }
 
+/// The error of a CUDA tensor in a build without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+fn no_cuda() -> Error {
+    Error::Unsupported {
+        device: "cuda",
+        what: "linear attention in a build without the cargo feature `cuda`".into(),
+    }
+}
+
 /// Linear attention of q `[batch, seqlen_q, heads, head_dim]` over k `[batch, seqlen_k,
 /// heads_k, head_dim]` and v `[batch, seqlen_k, heads_k, head_dim_v]` (heads a multiple of
 /// heads_k, GQA): the output `[batch, seqlen_q, heads, head_dim_v]` in q's dtype. f32, f16 and
-/// bf16; the sums are kept in f64. Any strides.
+/// bf16; the sums are kept in f64 (on a GPU: in f64 for f32, in f32 for f16 and bf16). Any
+/// strides; the output is contiguous, on the inputs' device.
 pub fn linear_forward(q: &Tensor, k: &Tensor, v: &Tensor, params: &LinearParams) -> Result<Tensor> {
     let shape = check(q, k, v, params)?;
+    match q.device() {
+        Device::Cpu => {}
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => return cuda::forward(shape, q, k, v, params),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => return Err(no_cuda()),
+    }
     let out = cpu::forward(
         shape,
         &q.to_f32_vec()?,
@@ -202,6 +215,13 @@ pub fn linear_backward(
             expected: q.device().to_string(),
             got: dout.device().to_string(),
         });
+    }
+    match q.device() {
+        Device::Cpu => {}
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => return cuda::backward(s, (q, k, v), dout, params),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => return Err(no_cuda()),
     }
     let (dq, dk, dv) = cpu::backward(
         s,
