@@ -7,7 +7,7 @@
 // inside the one chunk the block's rows end in (linear_rows). The operands are prepared by
 // linear_prepare (φ(q), φ(k), and v with a column of ones, so that w = [v, 1] gives the numerator
 // and the denominator at once) and the results turned into outputs and gradients by linear_finish
-// and linear_grad_prep; src/linear/cuda.rs says which operands each pass takes.
+// and linear_grad_prep; src/linear/cuda/mod.rs says which operands each pass takes.
 //
 // Pasted after `#define ELEM_*`, `#define LIN_CHUNK n`, optionally `#define ACC_F64` (f64 sums,
 // for f32 inputs), and types.cuh.
@@ -55,7 +55,7 @@ __device__ __forceinline__ i64 strided_at(const i64* stride, i64 vec, int n, int
 
 // ---- operands in, results out ---------------------------------------------------------------
 
-// Host mirror: `PrepParams` in src/linear/cuda.rs.
+// Host mirror: `PrepParams` in src/linear/cuda/kernels.rs.
 struct PrepParams {
     u64 src;        // elem_t [batch, n, heads, dim], any strides
     u64 dst;        // acc_t [batch, n, heads, ld], contiguous
@@ -84,7 +84,7 @@ extern "C" __global__ void linear_prepare(const PrepParams p) {
 #define FINISH_GRAD 1   // out = y · φ'(x): dq, dk
 #define FINISH_COPY 2   // out = y: dv
 
-// Host mirror: `FinishParams` in src/linear/cuda.rs.
+// Host mirror: `FinishParams` in src/linear/cuda/kernels.rs.
 struct FinishParams {
     u64 y;          // acc_t [vectors, ld]
     u64 x;          // elem_t strided input whose φ' FINISH_GRAD takes, else 0
@@ -115,7 +115,7 @@ extern "C" __global__ void linear_finish(const FinishParams p) {
     }
 }
 
-// Host mirror: `GradParams` in src/linear/cuda.rs.
+// Host mirror: `GradParams` in src/linear/cuda/kernels.rs.
 struct GradParams {
     u64 y;          // acc_t [vectors, dv + 1]: the forward's numerator and denominator − eps
     u64 dout;       // elem_t [batch, nq, heads, dv], any strides
@@ -151,7 +151,7 @@ extern "C" __global__ void linear_grad_prep(const GradParams p) {
 
 // ---- the chunked scan -----------------------------------------------------------------------
 
-// Host mirror: `ScanParams` in src/linear/cuda.rs. Operands are contiguous acc_t
+// Host mirror: `ScanParams` in src/linear/cuda/kernels.rs. Operands are contiguous acc_t
 // [batch, n, heads, ld] buffers; a (batch, kv head) group has `gr` row heads and `gs` source heads.
 struct ScanParams {
     u64 x, u, w;        // rows' x [.., du]; sources' u [.., du] and w [.., dw]
