@@ -11,7 +11,7 @@ use common::gpu::{GPU, poison};
 use common::linear::{Case, FLAVOURS, SMALL, check};
 use flashattn::{DType, Error, FeatureMap, LinearParams, Tensor, linear_backward, linear_forward};
 
-const LONG: [Case; 9] = [
+const LONG: [Case; 10] = [
     ([2, 300, 257, 4, 2, 64, 64], true, FeatureMap::Elu1),
     ([1, 200, 450, 8, 2, 32, 48], true, FeatureMap::Relu),
     ([1, 333, 333, 2, 1, 128, 128], true, FeatureMap::Elu1),
@@ -21,6 +21,7 @@ const LONG: [Case; 9] = [
     ([1, 0, 5, 2, 1, 8, 8], true, FeatureMap::Elu1),
     ([1, 6, 0, 2, 1, 8, 8], true, FeatureMap::Relu),
     ([1, 6, 0, 2, 1, 8, 8], false, FeatureMap::Elu1),
+    ([1, 130, 700, 4, 1, 16, 16], true, FeatureMap::Relu),
 ];
 
 fn run(test: &str, seed0: u64, cases: &[Case]) {

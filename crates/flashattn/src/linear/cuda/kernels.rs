@@ -22,29 +22,16 @@ const ENTRIES: [&str; 6] = [
     "linear_rows",
 ];
 
-/// Sources a chunk and rows a block of `linear_rows`: 64 with f32 sums, 32 with f64 sums, so that
-/// the block's four tiles fit 48 KiB of static shared memory.
-pub(super) fn chunk(dtype: DType) -> usize {
-    if dtype == DType::F32 { 32 } else { 64 }
-}
-
-/// Bytes of one accumulator: f64 for f32 inputs, f32 for f16 and bf16.
-fn acc_bytes(dtype: DType) -> usize {
-    if dtype == DType::F32 { 8 } else { 4 }
-}
+/// Sources a chunk and rows a block of `linear_rows`: the largest power of two whose four f64
+/// tiles fit 48 KiB of static shared memory.
+pub(super) const CHUNK: usize = 32;
 
 fn source(entry: &str, dtype: DType) -> KernelSource {
     let (tag, define) = dtype_tag(dtype);
-    let acc = if dtype == DType::F32 {
-        "#define ACC_F64\n"
-    } else {
-        ""
-    };
     KernelSource {
         name: format!("{entry}_{tag}"),
         code: format!(
-            "#define {define}\n#define LIN_CHUNK {}\n{acc}{TYPES_HEADER}\n{}",
-            chunk(dtype),
+            "#define {define}\n#define LIN_CHUNK {CHUNK}\n{TYPES_HEADER}\n{}",
             include_str!("../../../kernels/linear_attention.cu")
         ),
         entry: entry.into(),
@@ -180,18 +167,14 @@ pub(super) fn count(what: &str, xs: &[usize]) -> Result<usize> {
         .ok_or_else(|| too_large(what, usize::MAX))
 }
 
-/// Accumulators on the GPU (f32 or f64 as [`acc_bytes`] says), which a kernel writes before any
-/// read.
-pub(super) struct Scratch(CudaSlice<u8>);
+/// f64 accumulators on the GPU, which a kernel writes before any read.
+pub(super) struct Scratch(CudaSlice<f64>);
 
 impl Scratch {
-    pub(super) fn new(g: &Gpu, dtype: DType, len: usize) -> Result<Self> {
-        let bytes = len
-            .checked_mul(acc_bytes(dtype))
-            .ok_or_else(|| too_large("a scratch buffer's length", len))?;
+    pub(super) fn new(g: &Gpu, len: usize) -> Result<Self> {
         // SAFETY: uninitialized device memory; every element a kernel reads is written first by
         // an earlier kernel on the same stream.
-        let buf = unsafe { g.stream.alloc::<u8>(bytes.max(8)) }
+        let buf = unsafe { g.stream.alloc::<f64>(len.max(1)) }
             .map_err(Gpu::err("allocating linear attention's scratch memory"))?;
         Ok(Scratch(buf))
     }

@@ -1,24 +1,12 @@
-//! Linear attention on the GPU: the launches of `kernels/linear_attention.cu`. Every result is
-//! one chunked scan `y_r = Σ_{s visible to r} (x_r·u_s)·w_s` over prepared operands: φ(q), φ(k),
-//! `[v, 1]` (v and a column of ones, so that one scan gives the numerator and the denominator)
-//! and, in the backward, `[g, c]` with `g_i = dout_i / den_i`, `c_i = −g_i·out_i`:
-//!
-//! | result | rows | x | sources | u | w |
-//! |---|---|---|---|---|---|
-//! | num, den − eps | queries | φ(q) | keys | φ(k) | [v, 1] |
-//! | dq / φ'(q) | queries | [g, c] | keys | [v, 1] | φ(k) |
-//! | dk / φ'(k) | keys, from the end | [v, 1] | queries, from the end | [g, c] | φ(q) |
-//! | dv | keys, from the end | φ(k) | queries, from the end | φ(q) | g |
-//!
-//! Counted from their ends, key j sees query i when i ≤ j: the reverse scan is the forward one.
-//! Sums are in f64 for f32 inputs (as good as the CPU's) and in f32 for f16/bf16.
+//! Linear attention on the GPU: the launches of `kernels/linear_attention.cu`, the chunked scans
+//! of [`super`]'s table on operands prepared in device buffers.
 
 mod kernels;
 
 pub(crate) use kernels::kernel_sources;
 use kernels::{
-    FINISH_COPY, FINISH_DIVIDE, FINISH_GRAD, FinishParams, GradParams, PrepParams, ScanParams,
-    Scratch, THREADS, TILE, chunk, count, int, launch, map_code, stride_blocks,
+    CHUNK, FINISH_COPY, FINISH_DIVIDE, FINISH_GRAD, FinishParams, GradParams, PrepParams,
+    ScanParams, Scratch, THREADS, TILE, count, int, launch, map_code, stride_blocks,
 };
 
 use super::{FeatureMap, LinearGradients, LinearParams, LinearShape};
@@ -44,7 +32,7 @@ fn prepare(g: &Gpu, t: &Tensor, map: Option<FeatureMap>, ones: bool) -> Result<S
     let ld = d + usize::from(ones);
     let vectors = count("batch·seqlen·heads", &[b, n, h])?;
     let total = count("the elements of an operand", &[vectors, ld])?;
-    let dst = Scratch::new(g, t.dtype(), total)?;
+    let dst = Scratch::new(g, total)?;
     let (src, stride) = view(t)?;
     let params = PrepParams {
         src,
@@ -107,22 +95,17 @@ struct Scan {
 /// The rows' y `[batch, rows, hk·gr, w.width]` of scan `s`.
 fn scan(g: &Gpu, sh: &LinearShape, dtype: DType, causal: bool, s: &Scan) -> Result<Scratch> {
     let (du, dw) = (s.x.width, s.w.width);
-    let c = chunk(dtype);
+    let c = CHUNK;
     let groups = count("batch·heads_k", &[sh.b, sh.hk])?;
     let y = Scratch::new(
         g,
-        dtype,
         count("the elements of a result", &[groups, s.rows, s.gr, dw])?,
     )?;
     if groups == 0 || s.rows == 0 {
         return Ok(y);
     }
     let chunks = s.sources.div_ceil(c);
-    let states = Scratch::new(
-        g,
-        dtype,
-        count("the chunk states", &[groups, chunks + 1, du, dw])?,
-    )?;
+    let states = Scratch::new(g, count("the chunk states", &[groups, chunks + 1, du, dw])?)?;
     let (rows, cc) = (s.rows as i64, c as i64);
     let (first_block, row_blocks) = if causal {
         let lo = s.off.div_euclid(cc);
@@ -304,7 +287,7 @@ pub(super) fn backward(
     let dt = q.dtype();
     let f = forward_scan(g, &sh, q, k, v, p)?;
     let vectors = count("batch·seqlen·heads", &[sh.b, sh.nq, sh.h])?;
-    let gc = Scratch::new(g, dt, count("[g, c]", &[vectors, sh.dv + 1])?)?;
+    let gc = Scratch::new(g, count("[g, c]", &[vectors, sh.dv + 1])?)?;
     let (dout_ptr, stride) = view(dout)?;
     let params = GradParams {
         y: f.y.ptr(g),
