@@ -55,8 +55,7 @@ sm_90a; fwd_mma_: tensor cores; fwd_general_: CUDA cores) with their compile and
 times.
 --linear adds linear attention (elu+1) on the same q, k, v and mask, and after the table, per
 curve, the sequence length where it overtakes flashattn (between the two lengths measured around
-the crossing, with a log-log estimate). Linear attention has no GPU path yet: with --device cuda
-it is skipped with a note.
+the crossing, with a log-log estimate); with --device cuda, the GPU's linear attention.
 --layer times the fused layer (layer_forward; with --pass backward, layer_forward then
 layer_backward) beside the same steps as separate calls (the projection GEMM, rotated copies of Q
 and K, attention, the output GEMM; the backward's dq, dk, dv rotated back into new tensors and
@@ -395,7 +394,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub gemm: bool,
     /// Also time linear attention (elu+1, the same q, k, v and mask) and say where it overtakes
-    /// flashattn (CPU only for now: on a GPU it is skipped with a note).
+    /// flashattn (on the CPU or the GPU, as --device says).
     #[arg(long)]
     pub linear: bool,
     /// Time the fused layer (x·w_qkv + b, rotary embedding, attention, ·w_o + b) beside the same

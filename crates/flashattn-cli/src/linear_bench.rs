@@ -20,8 +20,8 @@ fn flops(x: &Inputs, pass: Pass) -> f64 {
     }
 }
 
-/// Times linear attention's `pass` on `x` on `dev`; where the library has no such backend
-/// (linear attention on a GPU, for now) it is skipped with the library's reason.
+/// Times linear attention's `pass` on `x` on `dev`; where the library has no such backend (a
+/// build without CUDA) it is skipped with the library's reason.
 pub fn run(x: &Inputs, pass: Pass, dev: Device, repeats: u32) -> CliResult<Outcome> {
     let p = LinearParams {
         causal: x.p.window == Window::CAUSAL,

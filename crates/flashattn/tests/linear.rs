@@ -5,93 +5,21 @@
 
 mod common;
 
-use common::{Layout, rng, tensor};
+use common::linear::{FLAVOURS, SMALL, check};
+use common::rng;
 use flashattn::reference::linear as oracle;
-use flashattn::{DType, Error, FeatureMap, LinearParams, Tensor, linear_backward, linear_forward};
+use flashattn::{
+    DType, Device, Error, FeatureMap, LinearParams, Tensor, linear_backward, linear_forward,
+};
 use rand::RngExt;
-
-/// `[batch, seqlen_q, seqlen_k, heads, heads_k, head_dim, head_dim_v]`, causal, feature map.
-type Case = ([usize; 7], bool, FeatureMap);
-
-const CASES: [Case; 8] = [
-    ([1, 1, 1, 1, 1, 1, 1], false, FeatureMap::Elu1),
-    ([2, 37, 53, 4, 2, 16, 24], false, FeatureMap::Elu1),
-    ([2, 37, 53, 4, 2, 16, 24], true, FeatureMap::Elu1),
-    ([1, 70, 19, 3, 1, 8, 5], true, FeatureMap::Elu1),
-    ([2, 29, 29, 2, 2, 33, 33], true, FeatureMap::Relu),
-    ([1, 45, 64, 6, 3, 64, 32], false, FeatureMap::Relu),
-    ([3, 9, 130, 2, 1, 7, 11], true, FeatureMap::Relu),
-    ([1, 128, 128, 2, 2, 64, 64], true, FeatureMap::Elu1),
-];
-
-/// The unit roundoff's multiple a result may be off by: the scans sum in f64, so each value is
-/// off by its final rounding into `dtype` (half an ulp) and the rounding of the inputs (none: the
-/// oracle reads the same rounded inputs).
-fn tolerance(dtype: DType, want: &[f64]) -> f64 {
-    let eps = match dtype {
-        DType::F32 => f64::from(f32::EPSILON),
-        DType::F16 => f64::from(half::f16::EPSILON),
-        _ => f64::from(half::bf16::EPSILON),
-    };
-    eps * want.iter().fold(0.0f64, |m, x| m.max(x.abs()))
-}
-
-fn max_err(got: &Tensor, want: &[f64]) -> f64 {
-    let got = got.to_f64_vec().unwrap();
-    assert_eq!(got.len(), want.len());
-    got.iter()
-        .zip(want)
-        .fold(0.0, |m, (a, b)| m.max((a - b).abs()))
-}
 
 #[test]
 fn linear_attention_matches_its_oracle() {
     let mut worst = 0f64;
-    for (n, &(dims, causal, feature_map)) in CASES.iter().enumerate() {
-        let [b, nq, nk, h, hk, d, dv] = dims;
-        for (m, (dtype, layout)) in [
-            (DType::F32, Layout::Bnhd),
-            (DType::BF16, Layout::Bhnd),
-            (DType::F16, Layout::Bnhd),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let mut r = rng(9100 + 10 * n as u64 + m as u64);
-            let q = tensor(&mut r, &[b, nq, h, d], dtype, layout);
-            let k = tensor(&mut r, &[b, nk, hk, d], dtype, layout);
-            let v = tensor(&mut r, &[b, nk, hk, dv], dtype, layout);
-            let dout = tensor(&mut r, &[b, nq, h, dv], dtype, Layout::Bnhd);
-            let p = LinearParams {
-                causal,
-                feature_map,
-                eps: r.random_range(1e-6..1e-3),
-            };
-            let f = |t: &Tensor| t.to_f64_vec().unwrap();
-            let want = oracle::linear_forward(dims, &f(&q), &f(&k), &f(&v), &p);
-            let out = linear_forward(&q, &k, &v, &p).unwrap();
-            assert_eq!(out.shape(), [b, nq, h, dv]);
-            assert_eq!(out.dtype(), dtype);
-            let (eo, to) = (max_err(&out, &want), tolerance(dtype, &want));
-            let (dq, dk, dv_) =
-                oracle::linear_backward(dims, &f(&q), &f(&k), &f(&v), &f(&dout), &p);
-            let g = linear_backward(&q, &k, &v, &dout, &p).unwrap();
-            let checks = [
-                ("out", eo, to),
-                ("dq", max_err(&g.dq, &dq), tolerance(dtype, &dq)),
-                ("dk", max_err(&g.dk, &dk), tolerance(dtype, &dk)),
-                ("dv", max_err(&g.dv, &dv_), tolerance(dtype, &dv_)),
-            ];
-            for (name, err, tol) in checks {
-                println!(
-                    "{dims:?} causal={causal} {feature_map:?} {dtype:?} {name}: error {err:.3e} (tolerance {tol:.3e})"
-                );
-                assert!(
-                    err <= tol,
-                    "{dims:?} causal={causal} {feature_map:?} {dtype:?} {name}: {err:.3e} > {tol:.3e}"
-                );
-                worst = worst.max(err / tol);
-            }
+    for (n, &case) in SMALL.iter().enumerate() {
+        for (m, &flavour) in FLAVOURS.iter().enumerate() {
+            let seed = 9100 + 10 * n as u64 + m as u64;
+            worst = worst.max(check(case, flavour, Device::Cpu, seed));
         }
     }
     println!("worst error / tolerance: {worst:.3}");

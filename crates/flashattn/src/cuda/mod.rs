@@ -78,13 +78,14 @@ impl Backend for Cuda {
 }
 
 /// Every kernel variant flashattn can launch (the forward and backward kernels, the standard
-/// attention's and the fused layer's rotation),
+/// attention's, the fused layer's rotation and linear attention's),
 /// so that a test can compile them all with NVRTC.
 pub fn kernel_sources() -> Vec<KernelSource> {
     let mut all = forward::kernel_sources();
     all.extend(backward::kernel_sources());
     all.extend(standard::kernel_sources());
     all.extend(rope::kernel_sources());
+    all.extend(crate::linear::cuda::kernel_sources());
     all
 }
 

@@ -1,79 +1,198 @@
-//! The CPU scans of linear attention, one (batch, kv head) a task: the forward keeps the prefix
-//! state (S, z) as it walks the queries; the backward walks them again for dq and then the keys
-//! backwards with the suffix state (dS, dz) of the queries that see them, for dk and dv.
+//! Linear attention on the CPU: the chunked scan described in [`super`], one (batch, kv head) a
+//! task, each product a GEMM of the `gemm` crate. Per chunk of [`CHUNK`] sources, the rows that
+//! end in it take the running state's product plus the masked product within the chunk; then the
+//! chunk is added to the state. Sums are in f64 (see [`super`] for why f32 would not do).
 
 use rayon::prelude::*;
 
-use super::{LinearParams, LinearShape};
+use super::{FeatureMap, LinearParams, LinearShape};
 
-/// The keys query `i` sees: `0..visible(i)`.
-fn visible(s: &LinearShape, causal: bool, i: usize) -> usize {
-    if causal {
-        (i + 1 + s.nk).saturating_sub(s.nq).min(s.nk)
-    } else {
-        s.nk
-    }
+/// Sources a chunk (and rows a block): large enough for the GEMMs to run near their peak, small
+/// enough that the in-chunk product (CHUNK² a block) stays below the state's.
+const CHUNK: usize = 64;
+
+/// A row-major matrix: rows `ld` apart, of which the first `width` columns are used.
+#[derive(Clone, Copy)]
+struct Mat<'a> {
+    data: &'a [f64],
+    ld: usize,
+    width: usize,
 }
 
-/// The running sums `S = Σ φ(k_j)·v_jᵀ` (`d × dv`) and `z = Σ φ(k_j)` over the keys added.
-struct State {
-    s: Vec<f64>,
-    z: Vec<f64>,
-    keys: usize,
-}
-
-impl State {
-    fn new(sh: &LinearShape) -> Self {
-        State {
-            s: vec![0.0; sh.d * sh.dv],
-            z: vec![0.0; sh.d],
-            keys: 0,
+impl<'a> Mat<'a> {
+    fn all(data: &'a [f64], width: usize) -> Self {
+        Mat {
+            data,
+            ld: width,
+            width,
         }
     }
+}
 
-    /// Adds the keys up to `end` of (batch `b`, kv head `kh`) of `(k, v)`.
-    fn advance(
-        &mut self,
-        sh: &LinearShape,
-        p: &LinearParams,
-        (k, v): (&[f32], &[f32]),
-        (b, kh): (usize, usize),
-        end: usize,
-    ) {
-        while self.keys < end {
-            let j = self.keys;
-            let kr = &k[((b * sh.nk + j) * sh.hk + kh) * sh.d..][..sh.d];
-            let vr = &v[((b * sh.nk + j) * sh.hk + kh) * sh.dv..][..sh.dv];
-            for (c, &x) in kr.iter().enumerate() {
-                let phi = p.feature_map.apply(f64::from(x)).0;
-                self.z[c] += phi;
-                for (acc, &y) in self.s[c * sh.dv..][..sh.dv].iter_mut().zip(vr) {
-                    *acc += phi * f64::from(y);
-                }
+/// A matrix operand of [`matmul`]: data, row stride, column stride.
+type Operand<'a> = (&'a [f64], usize, usize);
+
+/// `dst[m×n] = a·b` (`+=` with `accumulate`), `a` being `m×k`, `b` `k×n`, `dst` row-major.
+fn matmul(
+    dst: &mut [f64],
+    (m, n, k): (usize, usize, usize),
+    a: Operand<'_>,
+    b: Operand<'_>,
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let dst = &mut dst[..m * n];
+    if k == 0 {
+        if !accumulate {
+            dst.fill(0.0);
+        }
+        return;
+    }
+    let last =
+        |(_, rs, cs): Operand<'_>, rows: usize, cols: usize| (rows - 1) * rs + (cols - 1) * cs;
+    assert!(last(a, m, k) < a.0.len(), "lhs out of bounds");
+    assert!(last(b, k, n) < b.0.len(), "rhs out of bounds");
+    // SAFETY: the asserts keep every element gemm reads inside `a` and `b`, `dst` holds the m×n
+    // row-major result, and the three are distinct borrows.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            a.0.as_ptr(),
+            a.2 as isize,
+            a.1 as isize,
+            b.0.as_ptr(),
+            b.2 as isize,
+            b.1 as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+/// One task's scan: row (r, t) at `r·gr + t` of `x` and `y`, source (s, t') at `s·gs + t'` of
+/// `u` and `w`; causal (`Some(off)`) row r sees the sources s < r + 1 + off, else all. Returns
+/// `y` `[rows·gr × w.width]`.
+fn scan(
+    (x, u, w): (Mat<'_>, Mat<'_>, Mat<'_>),
+    (rows, gr): (usize, usize),
+    (sources, gs): (usize, usize),
+    causal: Option<i64>,
+) -> Vec<f64> {
+    let (du, dw) = (x.width, w.width);
+    let mut y = vec![0.0; rows * gr * dw];
+    let mut state = vec![0.0; du * dw];
+    let chunks = sources.div_ceil(CHUNK);
+    // The sources of chunk c: their first vector and count.
+    let span = |c: usize| {
+        (
+            c * CHUNK * gs,
+            (sources.min(c * CHUNK + CHUNK) - c * CHUNK) * gs,
+        )
+    };
+    let add_chunk = |state: &mut Vec<f64>, c: usize| {
+        let (s0, n) = span(c);
+        let ut = (&u.data[s0 * u.ld..], 1, u.ld);
+        matmul(
+            state,
+            (du, dw, n),
+            ut,
+            (&w.data[s0 * w.ld..], w.ld, 1),
+            true,
+        );
+    };
+    let Some(off) = causal else {
+        (0..chunks).for_each(|c| add_chunk(&mut state, c));
+        matmul(
+            &mut y,
+            (rows * gr, dw, du),
+            (x.data, x.ld, 1),
+            (&state, dw, 1),
+            false,
+        );
+        return y;
+    };
+    let cc = CHUNK as i64;
+    let (lo, hi) = (off.div_euclid(cc), (rows as i64 - 1 + off).div_euclid(cc));
+    let mut added = 0;
+    let mut scores = vec![0.0; CHUNK * gr * CHUNK * gs];
+    for c in lo..=hi {
+        // Rows r with r + 1 + off in [cC + 1, cC + C]: they see all of chunks < c and part of c.
+        let r0 = (c * cc - off).max(0) as usize;
+        let r1 = ((c * cc + cc - off).max(0) as usize).min(rows);
+        while (added as i64) < c.min(chunks as i64) {
+            add_chunk(&mut state, added);
+            added += 1;
+        }
+        if r0 >= r1 {
+            continue;
+        }
+        let m = (r1 - r0) * gr;
+        let xb = (&x.data[r0 * gr * x.ld..], x.ld, 1);
+        let yb = &mut y[r0 * gr * dw..];
+        matmul(yb, (m, dw, du), xb, (&state, dw, 1), false);
+        if c < 0 || c as usize >= chunks {
+            continue;
+        }
+        let (s0, n) = span(c as usize);
+        let ut = (&u.data[s0 * u.ld..], 1, u.ld);
+        matmul(&mut scores, (m, n, du), xb, ut, false);
+        for (i, row) in scores[..m * n].chunks_exact_mut(n).enumerate() {
+            // Row position r0 + i / gr sees source positions < its r + 1 + off, from s0 / gs on.
+            let seen = (r0 + i / gr) as i64 + 1 + off - c * cc;
+            row[(seen.max(0) as usize * gs).min(n)..].fill(0.0);
+        }
+        let wb = (&w.data[s0 * w.ld..], w.ld, 1);
+        matmul(yb, (m, dw, n), (&scores, n, 1), wb, true);
+    }
+    y
+}
+
+/// φ and φ' of the task's rows of a contiguous `[b, n, heads, dim]` input: positions 0..n of
+/// batch `b`, heads `h0..h0 + per`, as `[n·per × dim]`; without a map the values themselves (and
+/// no φ'), with `ones` a column of ones after each row.
+fn features(
+    map: Option<FeatureMap>,
+    src: &[f32],
+    (b, n, heads, dim): (usize, usize, usize, usize),
+    (h0, per): (usize, usize),
+    ones: bool,
+) -> (Vec<f64>, Vec<f64>) {
+    let ld = dim + usize::from(ones);
+    let (mut phi, mut dphi) = (Vec::with_capacity(n * per * ld), Vec::new());
+    for i in 0..n {
+        let rows = &src[((b * n + i) * heads + h0) * dim..][..per * dim];
+        for row in rows.chunks_exact(dim) {
+            match map {
+                Some(m) => row.iter().for_each(|&x| {
+                    let (f, df) = m.apply(f64::from(x));
+                    phi.push(f);
+                    dphi.push(df);
+                }),
+                None => phi.extend(row.iter().map(|&x| f64::from(x))),
             }
-            self.keys += 1;
-        }
-    }
-
-    /// φ(q)ᵀ·S into `num` and φ(q)·z + eps, for the features `phi`.
-    fn read(&self, sh: &LinearShape, eps: f64, phi: &[f64], num: &mut [f64]) -> f64 {
-        num.fill(0.0);
-        let mut den = eps;
-        for (c, &f) in phi.iter().enumerate() {
-            den += f * self.z[c];
-            for (n, &x) in num.iter_mut().zip(&self.s[c * sh.dv..][..sh.dv]) {
-                *n += f * x;
+            if ones {
+                phi.push(1.0);
             }
         }
-        den
     }
+    (phi, dphi)
 }
 
-/// φ and φ' of a query or key row.
-fn features(p: &LinearParams, row: &[f32], phi: &mut [f64], dphi: &mut [f64]) {
-    for ((x, f), df) in row.iter().zip(phi.iter_mut()).zip(dphi.iter_mut()) {
-        (*f, *df) = p.feature_map.apply(f64::from(*x));
-    }
+/// The vectors of `m` (`per` values a position) in reverse order of position.
+fn reversed(m: &[f64], per: usize) -> Vec<f64> {
+    m.chunks_exact(per).rev().flatten().copied().collect()
 }
 
 /// The query heads of kv head `kh`.
@@ -82,56 +201,57 @@ fn group(sh: &LinearShape, kh: usize) -> std::ops::Range<usize> {
     kh * g..(kh + 1) * g
 }
 
-/// The output `[b, nq, h, dv]` of contiguous f32 q, k and v.
+/// One task's φ(q), φ'(q), φ(k), φ'(k), [v, 1] and forward scan (numerators, denominators − eps).
+struct Task {
+    fq: (Vec<f64>, Vec<f64>),
+    fk: (Vec<f64>, Vec<f64>),
+    v1: Vec<f64>,
+    y: Vec<f64>,
+}
+
+fn task(sh: &LinearShape, (q, k, v): (&[f32], &[f32], &[f32]), p: &LinearParams, t: usize) -> Task {
+    let (b, kh) = (t / sh.hk, t % sh.hk);
+    let g = sh.h / sh.hk;
+    let map = Some(p.feature_map);
+    let fq = features(map, q, (b, sh.nq, sh.h, sh.d), (kh * g, g), false);
+    let fk = features(map, k, (b, sh.nk, sh.hk, sh.d), (kh, 1), false);
+    let v1 = features(None, v, (b, sh.nk, sh.hk, sh.dv), (kh, 1), true).0;
+    let y = scan(
+        (
+            Mat::all(&fq.0, sh.d),
+            Mat::all(&fk.0, sh.d),
+            Mat::all(&v1, sh.dv + 1),
+        ),
+        (sh.nq, g),
+        (sh.nk, 1),
+        p.causal.then_some(sh.nk as i64 - sh.nq as i64),
+    );
+    Task { fq, fk, v1, y }
+}
+
+/// The output `[b, nq, h, dv]` of contiguous q, k and v.
 pub(super) fn forward(
-    sh: LinearShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    sh: &LinearShape,
+    qkv: (&[f32], &[f32], &[f32]),
     p: &LinearParams,
 ) -> Vec<f32> {
-    let parts: Vec<(usize, usize, Vec<f32>)> = (0..sh.b * sh.hk)
+    let parts: Vec<Vec<f32>> = (0..sh.b * sh.hk)
         .into_par_iter()
-        .map(|task| {
-            let (b, kh) = (task / sh.hk, task % sh.hk);
-            let heads = group(&sh, kh);
-            let mut out = vec![0.0f32; sh.nq * heads.len() * sh.dv];
-            let (mut state, mut phi, mut dphi, mut num) = (
-                State::new(&sh),
-                vec![0.0; sh.d],
-                vec![0.0; sh.d],
-                vec![0.0; sh.dv],
-            );
-            for i in 0..sh.nq {
-                state.advance(&sh, p, (k, v), (b, kh), visible(&sh, p.causal, i));
-                for (g, h) in heads.clone().enumerate() {
-                    features(
-                        p,
-                        &q[((b * sh.nq + i) * sh.h + h) * sh.d..][..sh.d],
-                        &mut phi,
-                        &mut dphi,
-                    );
-                    let den = state.read(&sh, p.eps, &phi, &mut num);
-                    for (o, n) in out[(i * heads.len() + g) * sh.dv..][..sh.dv]
-                        .iter_mut()
-                        .zip(&num)
-                    {
-                        *o = (n / den) as f32;
-                    }
-                }
-            }
-            (b, kh, out)
+        .map(|t| {
+            let y = task(sh, qkv, p, t).y;
+            let w = sh.dv + 1;
+            y.chunks_exact(w)
+                .flat_map(|r| {
+                    let den = r[sh.dv] + p.eps;
+                    r[..sh.dv].iter().map(move |n| (n / den) as f32)
+                })
+                .collect()
         })
         .collect();
     let mut out = vec![0.0f32; sh.b * sh.nq * sh.h * sh.dv];
-    for (b, kh, part) in parts {
-        place(
-            &mut out,
-            &part,
-            (b, sh.nq, sh.h),
-            group(&sh, kh).start,
-            sh.dv,
-        );
+    for (t, part) in parts.iter().enumerate() {
+        let (b, kh) = (t / sh.hk, t % sh.hk);
+        place(&mut out, part, (b, sh.nq, sh.h), group(sh, kh).start, sh.dv);
     }
     out
 }
@@ -154,125 +274,82 @@ fn place(
     }
 }
 
-/// dq `[b, nq, h, d]`, dk `[b, nk, hk, d]` and dv `[b, nk, hk, dv]`.
+/// dq `[b, nq, h, d]`, dk `[b, nk, hk, d]` and dv `[b, nk, hk, dv]` of contiguous inputs.
 pub(super) fn backward(
-    sh: LinearShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    sh: &LinearShape,
+    qkv: (&[f32], &[f32], &[f32]),
     dout: &[f32],
     p: &LinearParams,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let parts: Vec<_> = (0..sh.b * sh.hk)
         .into_par_iter()
-        .map(|task| backward_task(&sh, q, k, v, dout, p, task))
+        .map(|t| backward_task(sh, qkv, dout, p, t))
         .collect();
     let mut dq = vec![0.0f32; sh.b * sh.nq * sh.h * sh.d];
     let mut dk = vec![0.0f32; sh.b * sh.nk * sh.hk * sh.d];
     let mut dv = vec![0.0f32; sh.b * sh.nk * sh.hk * sh.dv];
     for (task, (pq, pk, pv)) in parts.into_iter().enumerate() {
         let (b, kh) = (task / sh.hk, task % sh.hk);
-        place(&mut dq, &pq, (b, sh.nq, sh.h), group(&sh, kh).start, sh.d);
+        place(&mut dq, &pq, (b, sh.nq, sh.h), group(sh, kh).start, sh.d);
         place(&mut dk, &pk, (b, sh.nk, sh.hk), kh, sh.d);
         place(&mut dv, &pv, (b, sh.nk, sh.hk), kh, sh.dv);
     }
     (dq, dk, dv)
 }
 
-/// One (batch, kv head): its query heads' dq and its dk, dv. With `g_i = dout_i / den_i` and
-/// `c_i = −g_i·out_i`: `dφ(q_i) = S_i·g_i + c_i·z_i`, and over the queries that see key j,
-/// `dS_j = Σ φ(q_i)·g_iᵀ`, `dz_j = Σ c_i·φ(q_i)`, `dφ(k_j) = dS_j·v_j + dz_j`, `dv_j = dS_jᵀ·φ(k_j)`.
+/// One (batch, kv head): the scans of [`super`]'s table for dq, dk and dv, the key side on
+/// copies reversed in position.
 fn backward_task(
     sh: &LinearShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    qkv: (&[f32], &[f32], &[f32]),
     dout: &[f32],
     p: &LinearParams,
-    task: usize,
+    t: usize,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let (b, kh) = (task / sh.hk, task % sh.hk);
-    let heads = group(sh, kh);
-    let rows = sh.nq * heads.len();
-    // Per query row (i, head): φ(q), g and c, kept for the key walk.
-    let (mut phis, mut gs, mut cs) = (
-        vec![0.0f64; rows * sh.d],
-        vec![0.0f64; rows * sh.dv],
-        vec![0.0f64; rows],
+    let (b, kh) = (t / sh.hk, t % sh.hk);
+    let g = sh.h / sh.hk;
+    let Task { fq, fk, v1, y } = task(sh, qkv, p, t);
+    let w = sh.dv + 1;
+    // [g, c] per query vector: g = dout / den, c = −g·out.
+    let mut gc = Vec::with_capacity(sh.nq * g * w);
+    for (r, yr) in y.chunks_exact(w).enumerate() {
+        let (i, hg) = (r / g, r % g);
+        let den = yr[sh.dv] + p.eps;
+        let d = &dout[((b * sh.nq + i) * sh.h + kh * g + hg) * sh.dv..][..sh.dv];
+        let mut c = 0.0;
+        for (&x, n) in d.iter().zip(&yr[..sh.dv]) {
+            let gv = f64::from(x) / den;
+            gc.push(gv);
+            c -= gv * n / den;
+        }
+        gc.push(c);
+    }
+    let by_query = |x, u, wm| {
+        let off = sh.nk as i64 - sh.nq as i64;
+        scan((x, u, wm), (sh.nq, g), (sh.nk, 1), p.causal.then_some(off))
+    };
+    let by_key = |x, u, wm| scan((x, u, wm), (sh.nk, 1), (sh.nq, g), p.causal.then_some(0));
+    let ydq = by_query(Mat::all(&gc, w), Mat::all(&v1, w), Mat::all(&fk.0, sh.d));
+    let (gc_r, v1_r) = (reversed(&gc, g * w), reversed(&v1, w));
+    let (fq_r, fk_r) = (reversed(&fq.0, g * sh.d), reversed(&fk.0, sh.d));
+    let g_only = Mat {
+        data: &gc_r,
+        ld: w,
+        width: sh.dv,
+    };
+    let ydk = by_key(
+        Mat::all(&v1_r, w),
+        Mat::all(&gc_r, w),
+        Mat::all(&fq_r, sh.d),
     );
-    let mut dq = vec![0.0f32; rows * sh.d];
-    let (mut state, mut dphi, mut num) = (State::new(sh), vec![0.0; sh.d], vec![0.0; sh.dv]);
-    for i in 0..sh.nq {
-        state.advance(sh, p, (k, v), (b, kh), visible(sh, p.causal, i));
-        for (g, h) in heads.clone().enumerate() {
-            let r = i * heads.len() + g;
-            let phi = &mut phis[r * sh.d..][..sh.d];
-            features(
-                p,
-                &q[((b * sh.nq + i) * sh.h + h) * sh.d..][..sh.d],
-                phi,
-                &mut dphi,
-            );
-            let den = state.read(sh, p.eps, phi, &mut num);
-            let gr = &mut gs[r * sh.dv..][..sh.dv];
-            let mut c = 0.0;
-            for ((gv, &n), &d) in gr
-                .iter_mut()
-                .zip(&num)
-                .zip(&dout[((b * sh.nq + i) * sh.h + h) * sh.dv..][..sh.dv])
-            {
-                *gv = f64::from(d) / den;
-                c -= *gv * n / den;
-            }
-            cs[r] = c;
-            for (ch, out) in dq[r * sh.d..][..sh.d].iter_mut().enumerate() {
-                let sg: f64 = state.s[ch * sh.dv..][..sh.dv]
-                    .iter()
-                    .zip(gr.iter())
-                    .map(|(s, g)| s * g)
-                    .sum();
-                *out = ((sg + c * state.z[ch]) * dphi[ch]) as f32;
-            }
-        }
-    }
-    let (mut ds, mut dz) = (vec![0.0f64; sh.d * sh.dv], vec![0.0f64; sh.d]);
-    let (mut dk, mut dv) = (vec![0.0f32; sh.nk * sh.d], vec![0.0f32; sh.nk * sh.dv]);
-    let (mut phik, mut dphik) = (vec![0.0; sh.d], vec![0.0; sh.d]);
-    // Queries [first, nq) are in (dS, dz); a key is seen by the queries whose `visible` exceeds it.
-    let mut first = sh.nq;
-    for j in (0..sh.nk).rev() {
-        while first > 0 && visible(sh, p.causal, first - 1) > j {
-            first -= 1;
-            for g in 0..heads.len() {
-                let r = first * heads.len() + g;
-                for (ch, &f) in phis[r * sh.d..][..sh.d].iter().enumerate() {
-                    dz[ch] += cs[r] * f;
-                    for (acc, &gv) in ds[ch * sh.dv..][..sh.dv]
-                        .iter_mut()
-                        .zip(&gs[r * sh.dv..][..sh.dv])
-                    {
-                        *acc += f * gv;
-                    }
-                }
-            }
-        }
-        features(
-            p,
-            &k[((b * sh.nk + j) * sh.hk + kh) * sh.d..][..sh.d],
-            &mut phik,
-            &mut dphik,
-        );
-        let vr = &v[((b * sh.nk + j) * sh.hk + kh) * sh.dv..][..sh.dv];
-        for ch in 0..sh.d {
-            let row = &ds[ch * sh.dv..][..sh.dv];
-            let dsv: f64 = row.iter().zip(vr).map(|(s, &x)| s * f64::from(x)).sum();
-            dk[j * sh.d + ch] = ((dsv + dz[ch]) * dphik[ch]) as f32;
-        }
-        for (e, out) in dv[j * sh.dv..][..sh.dv].iter_mut().enumerate() {
-            *out = (0..sh.d)
-                .map(|ch| ds[ch * sh.dv + e] * phik[ch])
-                .sum::<f64>() as f32;
-        }
-    }
-    (dq, dk, dv)
+    let ydv = by_key(Mat::all(&fk_r, sh.d), Mat::all(&fq_r, sh.d), g_only);
+    let times = |y: &[f64], dphi: &[f64]| -> Vec<f32> {
+        y.iter().zip(dphi).map(|(a, b)| (a * b) as f32).collect()
+    };
+    let dk_r: Vec<f64> = reversed(&ydk, sh.d);
+    (
+        times(&ydq, &fq.1),
+        times(&dk_r, &fk.1),
+        reversed(&ydv, sh.dv).iter().map(|&x| x as f32).collect(),
+    )
 }

@@ -1,12 +1,33 @@
 //! Linear attention, the O(N) alternative to softmax attention: with a feature map φ,
 //! `out_i = φ(q_i)ᵀ·S / (φ(q_i)·z + eps)`, `S = Σ_j φ(k_j)·v_jᵀ`, `z = Σ_j φ(k_j)`, the sums over
 //! every key (causal: over keys j ≤ i + nk − nq). No score scale. O(N·D·Dv) time and an O(D·Dv)
-//! state per head; forward and backward, on the CPU.
+//! state per head; forward and backward, on the CPU and on CUDA GPUs.
+//!
+//! Both backends compute every result as one chunked scan `y_r = Σ_{s visible to r} (x_r·u_s)·w_s`
+//! (chunks of sources: the state `Σ u_s·w_sᵀ` of the chunks before a row's own, and the masked
+//! product within it) over prepared operands: φ(q), φ(k), `[v, 1]` (v and a column of ones, so
+//! that one scan gives numerator and denominator) and, in the backward, `[g, c]` with
+//! `g_i = dout_i / den_i`, `c_i = −g_i·out_i`:
+//!
+//! | result | rows | x | sources | u | w |
+//! |---|---|---|---|---|---|
+//! | num, den − eps | queries | φ(q) | keys | φ(k) | [v, 1] |
+//! | dq / φ'(q) | queries | [g, c] | keys | [v, 1] | φ(k) |
+//! | dk / φ'(k) | keys, from the end | [v, 1] | queries, from the end | [g, c] | φ(q) |
+//! | dv | keys, from the end | φ(k) | queries, from the end | φ(q) | g |
+//!
+//! Counted from their ends, key j sees query i when i ≤ j: the reverse scan is the forward one.
+//! Sums are in f64 for every dtype: `[g, c]·[v_j, 1] = g·(v_j − out)` cancels when a query's
+//! output is nearly one value's (a single visible key), and f32 sums then miss the bound of the
+//! tests even for f16 results.
 
 mod cpu;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::layer::cpu::f32_rows;
 use crate::tensor::{Device, Tensor};
 
 /// The feature map φ applied to queries and keys.
@@ -138,12 +159,6 @@ fn check(q: &Tensor, k: &Tensor, v: &Tensor, params: &LinearParams) -> Result<Li
     if d == 0 || dv == 0 {
         return Err(Error::arg("q", "head dims > 0", format!("{d} and {dv}")));
     }
-    if q.device() != Device::Cpu {
-        return Err(Error::Unsupported {
-            device: "cuda",
-            what: "linear attention".into(),
-        });
-    }
     Ok(LinearShape {
         b,
         nq,
@@ -155,20 +170,44 @@ fn check(q: &Tensor, k: &Tensor, v: &Tensor, params: &LinearParams) -> Result<Li
     })
 }
 
+/// The error of a CUDA tensor in a build without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+fn no_cuda() -> Error {
+    Error::Unsupported {
+        device: "cuda",
+        what: "linear attention in a build without the cargo feature `cuda`".into(),
+    }
+}
+
+/// A CPU result in `dtype` (f32 as it is, no copy).
+fn result(data: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    let t = Tensor::from_vec(data, shape)?;
+    if dtype == DType::F32 {
+        Ok(t)
+    } else {
+        t.to_dtype(dtype)
+    }
+}
+
 /// Linear attention of q `[batch, seqlen_q, heads, head_dim]` over k `[batch, seqlen_k,
 /// heads_k, head_dim]` and v `[batch, seqlen_k, heads_k, head_dim_v]` (heads a multiple of
 /// heads_k, GQA): the output `[batch, seqlen_q, heads, head_dim_v]` in q's dtype. f32, f16 and
-/// bf16; the sums are kept in f64. Any strides.
+/// bf16; the sums are kept in f64. Any strides; the output is contiguous, on the inputs' device.
 pub fn linear_forward(q: &Tensor, k: &Tensor, v: &Tensor, params: &LinearParams) -> Result<Tensor> {
     let shape = check(q, k, v, params)?;
+    match q.device() {
+        Device::Cpu => {}
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => return cuda::forward(shape, q, k, v, params),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => return Err(no_cuda()),
+    }
     let out = cpu::forward(
-        shape,
-        &q.to_f32_vec()?,
-        &k.to_f32_vec()?,
-        &v.to_f32_vec()?,
+        &shape,
+        (&f32_rows(q)?, &f32_rows(k)?, &f32_rows(v)?),
         params,
     );
-    Tensor::from_vec(out, &[shape.b, shape.nq, shape.h, shape.dv])?.to_dtype(q.dtype())
+    result(out, &[shape.b, shape.nq, shape.h, shape.dv], q.dtype())
 }
 
 /// The gradients of [`linear_forward`] for the upstream gradient `dout` (the output's shape and
@@ -203,15 +242,20 @@ pub fn linear_backward(
             got: dout.device().to_string(),
         });
     }
+    match q.device() {
+        Device::Cpu => {}
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => return cuda::backward(s, (q, k, v), dout, params),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => return Err(no_cuda()),
+    }
     let (dq, dk, dv) = cpu::backward(
-        s,
-        &q.to_f32_vec()?,
-        &k.to_f32_vec()?,
-        &v.to_f32_vec()?,
-        &dout.to_f32_vec()?,
+        &s,
+        (&f32_rows(q)?, &f32_rows(k)?, &f32_rows(v)?),
+        &f32_rows(dout)?,
         params,
     );
-    let t = |data, shape: &[usize]| Tensor::from_vec(data, shape)?.to_dtype(q.dtype());
+    let t = |data, shape: &[usize]| result(data, shape, q.dtype());
     Ok(LinearGradients {
         dq: t(dq, &[s.b, s.nq, s.h, s.d])?,
         dk: t(dk, &[s.b, s.nk, s.hk, s.d])?,

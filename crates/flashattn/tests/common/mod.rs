@@ -6,6 +6,7 @@
 pub mod gpu;
 pub mod grid;
 pub mod layer;
+pub mod linear;
 mod measure;
 
 #[allow(unused_imports)] // not every test binary uses the error measures
