@@ -19,7 +19,7 @@ rm -rf "$dest"
 mkdir -p "$dest/bin" "$dest/tests" "$dest/bench"
 cargo build --release --bin flashattn --example cuda_bench --example cuda_smoke
 cp target/release/flashattn target/release/examples/cuda_bench target/release/examples/cuda_smoke "$dest/bin/"
-cargo test --release --no-run --test cuda_forward --test cuda_backward --test cuda_compile --test cuda_memory --test cuda_cache --test cuda_nan --test cuda_hopper --test cuda_wgmma --test cuda_layer --message-format=json 2>/dev/null |
+cargo test --release --no-run --test cuda_forward --test cuda_backward --test cuda_compile --test cuda_memory --test cuda_cache --test cuda_nan --test cuda_hopper --test cuda_wgmma --test cuda_layer --test cuda_diagonal --test ring --test cuda_linear --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys
 for line in sys.stdin:

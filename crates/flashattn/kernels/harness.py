@@ -15,10 +15,15 @@ import argparse, ctypes, math, os, re, sys, time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 def source(kernel, defines):
+    """The translation unit; a `_FILE` entry replaces the kernel's own file (see HARNESS_AB)."""
+    defines = dict(defines)
+    main = defines.pop("_FILE", None)
     parts = [f"#define {k} {v}" for k, v in defines.items()]
     headers = ["types.cuh", "block_info.cuh", "mask.cuh", "softmax.cuh"]
     files = headers + {"mma": ["mma.cuh", "flash_fwd_mma.cu"], "general": ["flash_fwd_general.cu"],
                        "wgmma": ["mma.cuh", "hopper.cuh", "flash_fwd_wgmma.cu"]}[kernel]
+    if main:
+        files[-1] = main
     for f in files:
         parts.append(open(os.path.join(HERE, f)).read())
     return "\n".join(parts)
@@ -92,12 +97,18 @@ WGMMA = {
     "wgmma_d256_128x64_pp": wgmma_defines(256, 64, pingpong=1),
 }
 
+# HARNESS_AB=<path>: every wgmma variant gets a twin `<name>@ab` built from that file instead of
+# flash_fwd_wgmma.cu (e.g. the last committed version), so both are timed in one run.
+if os.environ.get("HARNESS_AB"):
+    WGMMA.update({f"{n}@ab": {**d, "_FILE": os.path.abspath(os.environ["HARNESS_AB"])}
+                  for n, d in list(WGMMA.items())})
+
 # The option sets each wgmma tile is built with: none, the mask, and every score mod where the tile
 # table uses them (other tiles spill with them).
 WGMMA_SCORE_MODS = {"wgmma_d64_128x128", "wgmma_d128_128x64", "wgmma_d192_128x64", "wgmma_d256_128x32"}
 
 def wgmma_option_sets(name):
-    return [options(), options(mask=1)] + ([options(1, 1, 1, 1, 1, 1)] if name in WGMMA_SCORE_MODS else [])
+    return [options(), options(mask=1)] + ([options(1, 1, 1, 1, 1, 1)] if name.split("@")[0] in WGMMA_SCORE_MODS else [])
 
 def kernel_of(name):
     """(kernel, defines) of a variant name."""
