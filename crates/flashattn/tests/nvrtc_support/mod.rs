@@ -48,8 +48,9 @@ pub fn cuobjdump() -> Option<PathBuf> {
         .find(|tool| tool.is_file())
 }
 
-/// What the SASS of the wgmma build `cubin` of `name` shows that it must not: no HGMMA at all, or
-/// local-memory instructions (LDL, STL).
+/// What the SASS of the wgmma build `cubin` of `name` shows that it must not: no HGMMA at all,
+/// local-memory instructions (LDL, STL), or a WARPGROUP.ARRIVE for every other HGMMA or more
+/// (ptxas serialized the wgmma; it does not always warn when it does).
 pub fn sass_faults(tool: &Path, name: &str, cubin: &[u8]) -> Vec<String> {
     let file = std::env::temp_dir().join(format!("flashattn-{}-{name}.cubin", std::process::id()));
     if let Err(e) = std::fs::write(&file, cubin) {
@@ -82,6 +83,13 @@ pub fn sass_faults(tool: &Path, name: &str, cubin: &[u8]) -> Vec<String> {
     if local > 0 {
         faults.push(format!(
             "{name}: {local} local-memory instructions in the SASS"
+        ));
+    }
+    let count = |op: &str| sass.matches(op).count();
+    let (hgmma, arrive) = (count("HGMMA."), count("WARPGROUP.ARRIVE"));
+    if 2 * arrive >= hgmma {
+        faults.push(format!(
+            "{name}: {arrive} WARPGROUP.ARRIVE for {hgmma} HGMMA: serialized wgmma"
         ));
     }
     faults
