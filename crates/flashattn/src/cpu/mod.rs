@@ -5,6 +5,7 @@ pub(crate) mod convert;
 mod decode;
 mod forward;
 pub(crate) mod line_buf;
+pub(crate) mod matmul;
 mod online_softmax;
 mod planning;
 mod prefetch;

@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 
 use crate::backend::BackwardInputs;
+use crate::cpu::matmul::{Parallelism, matmul};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layer::params::LayerWeights;
@@ -14,10 +15,10 @@ use crate::outputs::poison_outputs;
 use crate::problem::{Problem, row_layout};
 use crate::tensor::{HostElement, Tensor};
 
-pub(crate) struct CpuSteps;
+/// How the GEMMs run: the projections are whole-batch products, run on every core.
+const GEMM_PAR: Parallelism = Parallelism::Rayon(0);
 
-/// A row-major f32 operand: its elements, row stride and column stride (a transpose swaps them).
-type Operand<'a> = (&'a [f32], usize, usize);
+pub(crate) struct CpuSteps;
 
 /// `t`'s elements in row-major order as f32: borrowed when it is a contiguous f32 tensor.
 pub(crate) fn f32_rows(t: &Tensor) -> Result<Cow<'_, [f32]>> {
@@ -28,55 +29,6 @@ pub(crate) fn f32_rows(t: &Tensor) -> Result<Cow<'_, [f32]>> {
         return Ok(Cow::Borrowed(&all[t.offset()..t.offset() + t.numel()]));
     }
     Ok(Cow::Owned(t.to_f32_vec()?))
-}
-
-/// `dst[m×n] = a·b`, or `dst += a·b` with `accumulate`, `a` being `m×k` and `b` `k×n`.
-fn matmul(
-    dst: &mut [f32],
-    (m, n, k): (usize, usize, usize),
-    a: Operand<'_>,
-    b: Operand<'_>,
-    accumulate: bool,
-) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    let dst = &mut dst[..m * n];
-    if k == 0 {
-        if !accumulate {
-            dst.fill(0.0);
-        }
-        return;
-    }
-    let last =
-        |(_, rs, cs): Operand<'_>, rows: usize, cols: usize| (rows - 1) * rs + (cols - 1) * cs;
-    assert!(last(a, m, k) < a.0.len(), "lhs out of bounds");
-    assert!(last(b, k, n) < b.0.len(), "rhs out of bounds");
-    // SAFETY: the asserts keep every element gemm reads inside `a` and `b`, and `dst` holds the
-    // m×n row-major result; the three are distinct borrows, so nothing aliases.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            a.0.as_ptr(),
-            a.2 as isize,
-            a.1 as isize,
-            b.0.as_ptr(),
-            b.2 as isize,
-            b.1 as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::Rayon(0),
-        )
-    }
 }
 
 /// `rows × n` zeros, or the bias in every row (what the GEMM then accumulates onto).
@@ -119,6 +71,7 @@ impl LayerSteps for CpuSteps {
             (&x32, s.model_dim, 1),
             (&w32, s.cols, 1),
             accumulate,
+            GEMM_PAR,
         );
         if let Some(rope) = &s.rope {
             rotate_rows(&mut qkv, s, rope, false);
@@ -137,6 +90,7 @@ impl LayerSteps for CpuSteps {
             (&o32, hd, 1),
             (&w32, m, 1),
             accumulate,
+            GEMM_PAR,
         );
         tensor_of(y, &s.rows_of(m), s.dtype)
     }
@@ -157,9 +111,17 @@ impl LayerSteps for CpuSteps {
             (&o32, 1, hd),
             (&dy32, m, 1),
             false,
+            GEMM_PAR,
         );
         let mut dout = vec![0.0; rows * hd];
-        matmul(&mut dout, (rows, hd, m), (&dy32, m, 1), (&w32, 1, m), false);
+        matmul(
+            &mut dout,
+            (rows, hd, m),
+            (&dy32, m, 1),
+            (&w32, 1, m),
+            false,
+            GEMM_PAR,
+        );
         let db_o = match &w.b_o {
             Some(_) => Some(tensor_of(column_sums(&dy32, m), &[m], s.dtype)?),
             None => None,
@@ -211,9 +173,23 @@ impl LayerSteps for CpuSteps {
         }
         let (x32, w32) = (f32_rows(x)?, f32_rows(&w.w_qkv)?);
         let mut dw_qkv = vec![0.0; m * c];
-        matmul(&mut dw_qkv, (m, c, rows), (&x32, 1, m), (d32, c, 1), false);
+        matmul(
+            &mut dw_qkv,
+            (m, c, rows),
+            (&x32, 1, m),
+            (d32, c, 1),
+            false,
+            GEMM_PAR,
+        );
         let mut dx = vec![0.0; rows * m];
-        matmul(&mut dx, (rows, m, c), (d32, c, 1), (&w32, 1, c), false);
+        matmul(
+            &mut dx,
+            (rows, m, c),
+            (d32, c, 1),
+            (&w32, 1, c),
+            false,
+            GEMM_PAR,
+        );
         let db_qkv = match &w.b_qkv {
             Some(_) => Some(tensor_of(column_sums(d32, c), &[c], s.dtype)?),
             None => None,

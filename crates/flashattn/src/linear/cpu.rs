@@ -6,6 +6,10 @@
 use rayon::prelude::*;
 
 use super::{FeatureMap, LinearParams, LinearShape};
+use crate::cpu::matmul::{Parallelism, matmul};
+
+/// How the GEMMs run: each task is already one of rayon's, so its products run on its thread.
+const GEMM_PAR: Parallelism = Parallelism::None;
 
 /// Sources a chunk (and rows a block): large enough for the GEMMs to run near their peak, small
 /// enough that the in-chunk product (CHUNK² a block) stays below the state's.
@@ -26,58 +30,6 @@ impl<'a> Mat<'a> {
             ld: width,
             width,
         }
-    }
-}
-
-/// A matrix operand of [`matmul`]: data, row stride, column stride.
-type Operand<'a> = (&'a [f64], usize, usize);
-
-/// `dst[m×n] = a·b` (`+=` with `accumulate`), `a` being `m×k`, `b` `k×n`, `dst` row-major.
-fn matmul(
-    dst: &mut [f64],
-    (m, n, k): (usize, usize, usize),
-    a: Operand<'_>,
-    b: Operand<'_>,
-    accumulate: bool,
-) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    let dst = &mut dst[..m * n];
-    if k == 0 {
-        if !accumulate {
-            dst.fill(0.0);
-        }
-        return;
-    }
-    let last =
-        |(_, rs, cs): Operand<'_>, rows: usize, cols: usize| (rows - 1) * rs + (cols - 1) * cs;
-    assert!(last(a, m, k) < a.0.len(), "lhs out of bounds");
-    assert!(last(b, k, n) < b.0.len(), "rhs out of bounds");
-    // SAFETY: the asserts keep every element gemm reads inside `a` and `b`, `dst` holds the m×n
-    // row-major result, and the three are distinct borrows.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            a.0.as_ptr(),
-            a.2 as isize,
-            a.1 as isize,
-            b.0.as_ptr(),
-            b.2 as isize,
-            b.1 as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        )
     }
 }
 
@@ -110,6 +62,7 @@ fn scan(
             ut,
             (&w.data[s0 * w.ld..], w.ld, 1),
             true,
+            GEMM_PAR,
         );
     };
     let Some(off) = causal else {
@@ -120,6 +73,7 @@ fn scan(
             (x.data, x.ld, 1),
             (&state, dw, 1),
             false,
+            GEMM_PAR,
         );
         return y;
     };
@@ -141,20 +95,20 @@ fn scan(
         let m = (r1 - r0) * gr;
         let xb = (&x.data[r0 * gr * x.ld..], x.ld, 1);
         let yb = &mut y[r0 * gr * dw..];
-        matmul(yb, (m, dw, du), xb, (&state, dw, 1), false);
+        matmul(yb, (m, dw, du), xb, (&state, dw, 1), false, GEMM_PAR);
         if c < 0 || c as usize >= chunks {
             continue;
         }
         let (s0, n) = span(c as usize);
         let ut = (&u.data[s0 * u.ld..], 1, u.ld);
-        matmul(&mut scores, (m, n, du), xb, ut, false);
+        matmul(&mut scores, (m, n, du), xb, ut, false, GEMM_PAR);
         for (i, row) in scores[..m * n].chunks_exact_mut(n).enumerate() {
             // Row position r0 + i / gr sees source positions < its r + 1 + off, from s0 / gs on.
             let seen = (r0 + i / gr) as i64 + 1 + off - c * cc;
             row[(seen.max(0) as usize * gs).min(n)..].fill(0.0);
         }
         let wb = (&w.data[s0 * w.ld..], w.ld, 1);
-        matmul(yb, (m, dw, n), (&scores, n, 1), wb, true);
+        matmul(yb, (m, dw, n), (&scores, n, 1), wb, true, GEMM_PAR);
     }
     y
 }
