@@ -2,7 +2,9 @@
 """Where the host time of one flash_attn_func call goes, layer by layer, on the CPU or a GPU:
 the whole call, the operator through torch's dispatcher, the operator's implementation called
 directly, its pieces (output allocation, tensor descriptions, the stream), the native call alone,
-and SDPA's call beside them.
+and SDPA's call beside them; then the same for the backward (the gradients' allocation, their
+descriptions, the native backward alone, the implementation, autograd's share) and
+forward+backward.
 
 Each figure is the host time per call in microseconds, the best of --rounds means of --calls
 back-to-back calls (on a GPU they queue kernels; the GPU is synchronized after each round, not
@@ -11,8 +13,11 @@ of this thread is counted instead of the wall clock (steadier on a busy machine;
 call's pool threads are not counted).
 
     python3 bench/python_overhead.py --device cuda --dtype bfloat16
+    python3 bench/python_overhead.py --device cuda --profile 300   # + cProfile of 300 fwd+bwd
 """
 import argparse
+import cProfile
+import pstats
 import time
 
 import torch
@@ -73,6 +78,10 @@ def main():
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--threads", type=int, default=None, help="torch's and flashattn's CPU threads")
     p.add_argument("--thread-time", action="store_true")
+    p.add_argument("--profile", type=int, default=0, metavar="CALLS",
+                   help="also profile CALLS forward+backward calls with cProfile")
+    p.add_argument("--trace", type=int, default=0, metavar="CALLS",
+                   help="on a GPU, also list the driver calls of CALLS native backwards (torch.profiler)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -87,17 +96,78 @@ def main():
             print(f"{name:<40} {per_call_us(fn, args.calls, args.rounds, clock, sync):>8.1f}")
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     dout = torch.randn_like(q)
+    with torch.no_grad():
+        rows = backward_layers(q, k, v, dout)
+    for name, fn in rows:
+        print(f"{name:<40} {per_call_us(fn, args.calls, args.rounds, clock, sync):>8.1f}")
     sdpa = lambda: F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in leaves))
+    kept = flash_attn_func(*leaves)
+    kept_sdpa = sdpa().transpose(1, 2)
     grad_rows = [
         ("flash_attn_func building a graph", lambda: flash_attn_func(*leaves)),
         ("SDPA building a graph (3 transposes)", sdpa),
+        ("flash_attn_func backward of a kept graph", lambda: torch.autograd.grad(kept, leaves, dout, retain_graph=True)),
+        ("SDPA backward of a kept graph", lambda: torch.autograd.grad(kept_sdpa, leaves, dout, retain_graph=True)),
         ("flash_attn_func forward+backward", lambda: torch.autograd.grad(flash_attn_func(*leaves), leaves, dout)),
         ("SDPA forward+backward (4 transposes)",
          lambda: torch.autograd.grad(sdpa().transpose(1, 2), leaves, dout)),
     ]
     for name, fn in grad_rows:
         print(f"{name:<40} {per_call_us(fn, args.calls, args.rounds, clock, sync):>8.1f}")
+    if args.profile:
+        profile(lambda: torch.autograd.grad(flash_attn_func(*leaves), leaves, dout), args.profile, sync)
+    if args.trace and args.device == "cuda":
+        with torch.no_grad():
+            native = dict(backward_layers(q, k, v, dout))["  _native.backward"]
+        trace(native, args.trace)
 
+
+def backward_layers(q, k, v, dout):
+    """(name, call) for each layer of a backward of a forward on q, k, v (no autograd)."""
+    args = (None, None, None, None, None, -1, -1, 0.0)
+    out, lse = _ops._fwd(q, k, v, *args)
+    inputs = (dout, q, k, v, out, lse)
+    names = ("q", "k", "v", "out", "lse", "dout")
+    descs = tuple(_ops._desc(n, t) for n, t in zip(names, (q, k, v, out, lse, dout)))
+    dq, dk, dv, _, _ = _ops._bwd_outputs(q, k, v, None, None)
+    grads = (_ops._desc("dq", dq), _ops._desc("dk", dk), _ops._desc("dv", dv), None, None)
+    opts = _ops._opts(*args)
+    stream = _cuda.stream(q)
+    return [
+        ("_ops._bwd (the implementation)", lambda: _ops._bwd(*inputs, *args)),
+        ("  five gradient allocations", lambda: _ops._bwd_outputs(q, k, v, None, None)),
+        ("  nine tensor descriptions",
+         lambda: [_ops._desc(n, t) for n, t in zip(names + ("dq", "dk", "dv"), (q, k, v, out, lse, dout, dq, dk, dv))]),
+        ("  _native.backward", lambda: _native.backward(descs, grads, opts, stream)),
+    ]
+
+
+def profile(fn, calls, sync):
+    """cProfile of ``calls`` calls of ``fn``: the functions with the most time of their own."""
+    fn()
+    sync()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    sync()
+    print(f"\ncProfile of {calls} forward+backward calls (tottime is the function's own time):")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+def trace(fn, calls):
+    """torch.profiler's view of ``calls`` calls of ``fn`` on a GPU: the CUDA driver and runtime
+    calls they made (CUPTI sees those of any library), by total host time."""
+    fn()
+    torch.cuda.synchronize()
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    print(f"\ntorch.profiler over {calls} calls of the native backward:")
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30))
 
 if __name__ == "__main__":
     main()
