@@ -147,7 +147,9 @@ struct ScanParams {
     i64 nr, ns;         // rows, sources
     i64 off;            // causal: row r sees sources s < r + 1 + off
     i64 first_block;    // causal: the chunk row block 0 ends in, floor(off / LIN_CHUNK)
-    i64 row_blocks, chunks;
+    i64 row_blocks;
+    i64 chunks;         // state slots: one a chunk (causal), else partial sums (see linear_chunk_states)
+    i64 source_chunks;  // chunks of LIN_CHUNK sources, ceil(ns / LIN_CHUNK)
     int groups, hk, gr, gs, du, dw;
     int ldx, ldu, ldw, ldy;
     int causal;
@@ -162,6 +164,7 @@ __device__ __forceinline__ i64 vec_of(const ScanParams& p, int g, int per, i64 n
 }
 
 // Grid: chunks × groups × (du, dw) tiles of 32 × 32; thread (ty, tx) sums rows ty + 8k, column tx.
+// Slot c sums the source chunks c, c + chunks, ... (just c when chunks = source_chunks), in order.
 extern "C" __global__ void __launch_bounds__(LIN_THREADS) linear_chunk_states(const ScanParams p) {
     __shared__ acc_t us[LIN_TILE][LIN_TILE + 1];
     __shared__ acc_t ws[LIN_TILE][LIN_TILE + 1];
@@ -176,23 +179,25 @@ extern "C" __global__ void __launch_bounds__(LIN_THREADS) linear_chunk_states(co
     const int a0 = (tile / tw) * LIN_TILE, b0 = (tile % tw) * LIN_TILE;
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
     acc_t acc[LIN_TILE / 8] = {};
-    for (int t = 0; t < p.gs; ++t) {
-        for (int s0 = 0; s0 < LIN_CHUNK; s0 += LIN_TILE) {
-            for (int e = threadIdx.x; e < LIN_TILE * LIN_TILE; e += LIN_THREADS) {
-                const int sr = e / LIN_TILE, col = e % LIN_TILE;
-                const i64 s = c * LIN_CHUNK + s0 + sr;
-                const i64 v = s < p.ns ? vec_of(p, g, p.gs, p.ns, s, t) : -1;
-                us[sr][col] = v >= 0 && a0 + col < p.du ? U[v * p.ldu + a0 + col] : (acc_t)0;
-                ws[sr][col] = v >= 0 && b0 + col < p.dw ? W[v * p.ldw + b0 + col] : (acc_t)0;
-            }
-            __syncthreads();
+    for (i64 sc = c; sc < p.source_chunks; sc += p.chunks) {
+        for (int t = 0; t < p.gs; ++t) {
+            for (int s0 = 0; s0 < LIN_CHUNK; s0 += LIN_TILE) {
+                for (int e = threadIdx.x; e < LIN_TILE * LIN_TILE; e += LIN_THREADS) {
+                    const int sr = e / LIN_TILE, col = e % LIN_TILE;
+                    const i64 s = sc * LIN_CHUNK + s0 + sr;
+                    const i64 v = s < p.ns ? vec_of(p, g, p.gs, p.ns, s, t) : -1;
+                    us[sr][col] = v >= 0 && a0 + col < p.du ? U[v * p.ldu + a0 + col] : (acc_t)0;
+                    ws[sr][col] = v >= 0 && b0 + col < p.dw ? W[v * p.ldw + b0 + col] : (acc_t)0;
+                }
+                __syncthreads();
 #pragma unroll 8
-            for (int s = 0; s < LIN_TILE; ++s) {
-                const acc_t wv = ws[s][tx];
+                for (int s = 0; s < LIN_TILE; ++s) {
+                    const acc_t wv = ws[s][tx];
 #pragma unroll
-                for (int k = 0; k < LIN_TILE / 8; ++k) acc[k] += us[s][ty + 8 * k] * wv;
+                    for (int k = 0; k < LIN_TILE / 8; ++k) acc[k] += us[s][ty + 8 * k] * wv;
+                }
+                __syncthreads();
             }
-            __syncthreads();
         }
     }
     acc_t* st = (acc_t*)p.states + ((i64)g * (p.chunks + 1) + c) * p.du * p.dw;

@@ -112,6 +112,7 @@ pub(super) struct ScanParams {
     pub first_block: i64,
     pub row_blocks: i64,
     pub chunks: i64,
+    pub source_chunks: i64,
     pub groups: i32,
     pub hk: i32,
     pub gr: i32,

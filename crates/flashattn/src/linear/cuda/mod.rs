@@ -92,6 +92,15 @@ struct Scan {
     reverse: bool,
 }
 
+/// State slots of a non-causal scan, which needs only each group's total: `source_chunks`
+/// chunks summed into partial sums, enough for about eight blocks an SM (a full one) over
+/// `blocks_a_slot` blocks a slot, so that its states take O(D²) memory a group, not one a chunk.
+fn partial_sums(g: &Gpu, source_chunks: usize, blocks_a_slot: usize) -> usize {
+    (8 * g.sm_count)
+        .div_ceil(blocks_a_slot.max(1))
+        .clamp(1, source_chunks.max(1))
+}
+
 /// The rows' y `[batch, rows, hk·gr, w.width]` of scan `s`.
 fn scan(g: &Gpu, sh: &LinearShape, dtype: DType, causal: bool, s: &Scan) -> Result<Scratch> {
     let (du, dw) = (s.x.width, s.w.width);
@@ -104,7 +113,13 @@ fn scan(g: &Gpu, sh: &LinearShape, dtype: DType, causal: bool, s: &Scan) -> Resu
     if groups == 0 || s.rows == 0 {
         return Ok(y);
     }
-    let chunks = s.sources.div_ceil(c);
+    let source_chunks = s.sources.div_ceil(c);
+    let tiles = du.div_ceil(TILE) * dw.div_ceil(TILE);
+    let chunks = if causal {
+        source_chunks
+    } else {
+        partial_sums(g, source_chunks, groups * tiles)
+    };
     let states = Scratch::new(g, count("the chunk states", &[groups, chunks + 1, du, dw])?)?;
     let (rows, cc) = (s.rows as i64, c as i64);
     let (first_block, row_blocks) = if causal {
@@ -125,6 +140,7 @@ fn scan(g: &Gpu, sh: &LinearShape, dtype: DType, causal: bool, s: &Scan) -> Resu
         first_block,
         row_blocks,
         chunks: chunks as i64,
+        source_chunks: source_chunks as i64,
         groups: int("batch·heads_k", groups)?,
         hk: int("heads_k", sh.hk)?,
         gr: int("heads", s.gr)?,
@@ -138,7 +154,6 @@ fn scan(g: &Gpu, sh: &LinearShape, dtype: DType, causal: bool, s: &Scan) -> Resu
         causal: i32::from(causal),
         reverse: i32::from(s.reverse),
     };
-    let tiles = du.div_ceil(TILE) * dw.div_ceil(TILE);
     let state_blocks = count("chunk-state blocks", &[chunks, groups, tiles])?;
     let row_block_count = count("row blocks", &[row_blocks as usize, groups, s.gr])?;
     let elements = count("the chunk states", &[groups, du, dw])?;
