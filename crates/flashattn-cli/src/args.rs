@@ -59,8 +59,9 @@ the crossing, with a log-log estimate); with --device cuda, the GPU's linear att
 --layer times the fused layer (layer_forward; with --pass backward, layer_forward then
 layer_backward) beside the same steps as separate calls (the projection GEMM, rotated copies of Q
 and K, attention, the output GEMM; the backward's dq, dk, dv rotated back into new tensors and
-concatenated), with the rotary embedding (half) over the whole head and both biases, on the CPU.
-Peak = the peak of heap bytes during the call beyond what it returns (y; the gradients). With
+concatenated), with the rotary embedding (half) over the whole head and both biases, on the CPU
+or, with --device cuda, every step on the GPU. Peak = the peak of heap bytes (on a GPU, of device
+memory in its memory pool) during the call beyond what it returns (y; the gradients). With
 --rounds R, each figure is the median over R rounds.";
 
 const RUN_EXAMPLES: &str = "\
@@ -399,7 +400,7 @@ pub struct BenchArgs {
     pub linear: bool,
     /// Time the fused layer (x·w_qkv + b, rotary embedding, attention, ·w_o + b) beside the same
     /// steps as separate calls, time and peak memory; --pass backward times forward and
-    /// backward (CPU).
+    /// backward (on the CPU or the GPU, as --device says).
     #[arg(long)]
     pub layer: bool,
     /// With --layer: the model dim M of x [batch, seqlen, M] (default heads·head_dim).

@@ -1,5 +1,7 @@
 //! `bench --layer`: the fused layer (`layer_forward`, `layer_backward`) beside the same steps as
-//! separate calls (`reference::unfused_layer`), time and peak heap, on the CPU.
+//! separate calls (`reference::unfused_layer`), time and peak memory, on the device of
+//! `--device`: on the CPU the peak of heap bytes, on a GPU the peak of its memory pool (see
+//! [`measure`]).
 
 use flashattn::internals::Problem;
 use flashattn::reference::unfused_layer;
@@ -17,7 +19,7 @@ use super::inputs::Config;
 use super::memory::human;
 use super::table::Table;
 use super::timing::{Measurement, measure};
-use super::{CliResult, fail};
+use super::{CliResult, device, fail};
 
 /// Refuses the options `--layer` does not take.
 pub fn validate(a: &BenchArgs) -> CliResult<()> {
@@ -39,12 +41,6 @@ pub fn validate(a: &BenchArgs) -> CliResult<()> {
             a.heads
         )));
     }
-    if a.device != Device::Cpu {
-        return Err(fail(format!(
-            "--device {}: bench --layer runs on the CPU (its separate-calls yardstick is CPU only)",
-            a.device
-        )));
-    }
     Ok(())
 }
 
@@ -55,7 +51,8 @@ struct LayerConfig {
     pass: Pass,
 }
 
-/// Random x, weights (scaled so the projections stay of order 1), dy, and the params.
+/// Random x, weights (scaled so the projections stay of order 1), dy, and the params, on the
+/// device the call runs on.
 struct LayerInputs {
     x: Tensor,
     w: LayerWeights,
@@ -63,7 +60,7 @@ struct LayerInputs {
     p: LayerParams,
 }
 
-fn inputs(c: &LayerConfig, seed: u64) -> CliResult<LayerInputs> {
+fn inputs(c: &LayerConfig, seed: u64, dev: Device) -> CliResult<LayerInputs> {
     let a = &c.attention;
     let mut rng = StdRng::seed_from_u64(seed);
     let (m, hd) = (c.model_dim, a.heads * a.d);
@@ -73,7 +70,9 @@ fn inputs(c: &LayerConfig, seed: u64) -> CliResult<LayerInputs> {
         let v: Vec<f32> = (0..n)
             .map(|_| rng.random_range(-amplitude..amplitude))
             .collect();
-        Ok(Tensor::from_vec(v, shape)?.to_dtype(a.dtype)?)
+        Ok(Tensor::from_vec(v, shape)?
+            .to_dtype(a.dtype)?
+            .to_device(dev)?)
     };
     let rows = [a.batch, a.nq, m];
     let w = LayerWeights {
@@ -117,25 +116,28 @@ fn grads(g: LayerGradients) -> Vec<Tensor> {
         .collect()
 }
 
-/// The fused layer's and the separate calls' figures for `c`.
-fn time(c: &LayerConfig, seed: u64, repeats: u32) -> CliResult<(Measurement, Measurement)> {
-    let i = inputs(c, seed)?;
+/// The fused layer's and the separate calls' figures for `c` on `dev`.
+fn time(
+    c: &LayerConfig,
+    seed: u64,
+    repeats: u32,
+    dev: Device,
+) -> CliResult<(Measurement, Measurement)> {
+    let i = inputs(c, seed, dev)?;
     let f = flops(c, seed)?;
     let (x, w, p, dy) = (&i.x, &i.w, &i.p, &i.dy);
     let fused = match c.pass {
-        Pass::Forward => measure(Device::Cpu, repeats, f, || {
-            Ok(vec![layer_forward(x, w, p)?.y])
-        })?,
-        Pass::Backward => measure(Device::Cpu, repeats, f, || {
+        Pass::Forward => measure(dev, repeats, f, || Ok(vec![layer_forward(x, w, p)?.y]))?,
+        Pass::Backward => measure(dev, repeats, f, || {
             let fwd = layer_forward(x, w, p)?;
             Ok(grads(layer_backward(x, w, p, &fwd, dy)?))
         })?,
     };
     let separate = match c.pass {
-        Pass::Forward => measure(Device::Cpu, repeats, f, || {
+        Pass::Forward => measure(dev, repeats, f, || {
             Ok(vec![unfused_layer::forward(x, w, p)?.y])
         })?,
-        Pass::Backward => measure(Device::Cpu, repeats, f, || {
+        Pass::Backward => measure(dev, repeats, f, || {
             let fwd = unfused_layer::forward(x, w, p)?;
             Ok(grads(unfused_layer::backward(x, w, p, &fwd, dy)?))
         })?,
@@ -181,7 +183,7 @@ fn rounds(
     for _ in 0..a.rounds {
         for (i, c) in configs.iter().enumerate() {
             bar.set_message(format!("{} {}", c.pass.name(), c.attention.describe()));
-            let (fused, sep) = time(c, a.seed + i as u64, a.repeats)?;
+            let (fused, sep) = time(c, a.seed + i as u64, a.repeats, a.device)?;
             timed[i].0.push(fused);
             timed[i].1.push(sep);
             bar.inc(1);
@@ -193,12 +195,13 @@ fn rounds(
         .collect())
 }
 
-fn peak(m: &Measurement) -> u64 {
-    m.extra.bytes().unwrap_or(0)
+fn peak(m: &Measurement) -> String {
+    m.extra.bytes().map_or("-".to_string(), human)
 }
 
 /// Times every configuration and prints the table.
 pub fn run(a: &BenchArgs) -> CliResult<()> {
+    device::ensure_available(a.device)?;
     let configs = configs(a);
     let mut t = Table::new(&[
         "pass", "mask", "dtype", "B", "H", "N", "M", "D", "fused ms", "GFLOP/s", "peak", "sep ms",
@@ -209,9 +212,9 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
     bar.finish_and_clear();
     for (c, (fused, sep)) in configs.iter().zip(timed?) {
         let x = &c.attention;
-        let ratio = match peak(&fused) {
-            0 => "-".to_string(),
-            f => format!("{:.2}x", peak(&sep) as f64 / f as f64),
+        let ratio = match (fused.extra.bytes(), sep.extra.bytes()) {
+            (Some(f), Some(s)) if f > 0 => format!("{:.2}x", s as f64 / f as f64),
+            _ => "-".to_string(),
         };
         t.push(vec![
             match c.pass {
@@ -228,10 +231,10 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
             x.d.to_string(),
             format!("{:.2}", fused.time_ms),
             format!("{:.1}", fused.gflops),
-            human(peak(&fused)),
+            peak(&fused),
             format!("{:.2}", sep.time_ms),
             format!("{:.1}", sep.gflops),
-            human(peak(&sep)),
+            peak(&sep),
             format!("{:.2}x", sep.time_ms / fused.time_ms),
             ratio,
         ]);
@@ -240,12 +243,16 @@ pub fn run(a: &BenchArgs) -> CliResult<()> {
         1 => String::new(),
         r => format!(", median over {r} rounds"),
     };
+    let (runs, memory) = match a.device {
+        Device::Cpu => ("runs", "heap"),
+        Device::Cuda(_) => ("batches", "device memory (the GPU's memory pool)"),
+    };
     println!(
-        "flashattn bench --layer on cpu: the fused layer beside the same steps as separate calls \
-         (rope half over the whole head, both biases); fastest of {} runs{rounds}; peak = peak heap \
-         during the call beyond what it returns (forward: y; fwd+bwd: the gradients); speedup = \
-         separate time / fused time; memory = separate peak / fused peak",
-        a.repeats
+        "flashattn bench --layer on {}: the fused layer beside the same steps as separate calls \
+         (rope half over the whole head, both biases); fastest of {} {runs}{rounds}; peak = peak \
+         {memory} during the call beyond what it returns (forward: y; fwd+bwd: the gradients); \
+         speedup = separate time / fused time; memory = separate peak / fused peak",
+        a.device, a.repeats
     );
     print!("{}", t.render());
     Ok(())
@@ -264,13 +271,13 @@ mod tests {
             model_dim: 6,
             pass: Pass::Forward,
         };
-        let i = inputs(&c, 1).unwrap();
+        let i = inputs(&c, 1, Device::Cpu).unwrap();
         assert_eq!(i.w.w_qkv.shape(), &[6, 16]);
         assert_eq!(i.x.dtype(), DType::BF16);
         let x = i.x.to_f64_vec().unwrap();
         assert!(x.iter().all(|v| *v != 0.0));
         assert!(matches!(
-            time(&c, 1, 1).unwrap().0.extra,
+            time(&c, 1, 1, Device::Cpu).unwrap().0.extra,
             Extra::Measured(_)
         ));
     }

@@ -160,7 +160,6 @@ fn bench_layer_refuses_what_it_does_not_take() {
     layer(&["--json", "x.json"], "--json");
     layer(&["--seqlens-k", "8"], "--seqlens-k");
     layer(&["--layout", "bhnd"], "--layout");
-    layer(&["--device", "cuda"], "--device");
     layer(&["--model-dim", "0"], "--model-dim");
     layer(&["--heads-kv", "3"], "--heads-kv");
     let o = flashattn(&["bench", "--model-dim", "16"]);

@@ -1,5 +1,6 @@
 //! The layer's steps on the CPU: f32 GEMMs by the `gemm` crate, the rotation in place in the
-//! f32 projections, the attention backward into one packed gradient buffer.
+//! f32 projections, the attention backward into one packed gradient buffer; the separate-calls
+//! yardstick's head copies and concatenation, in f32 too.
 
 use std::borrow::Cow;
 
@@ -8,7 +9,7 @@ use crate::cpu::matmul::{Parallelism, matmul};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layer::params::LayerWeights;
-use crate::layer::rope::rotate_rows;
+use crate::layer::rope::{rotate_heads, rotate_rows};
 use crate::layer::shape::LayerShape;
 use crate::layer::{LayerSteps, OutGrads, QkvGrads};
 use crate::outputs::poison_outputs;
@@ -199,5 +200,37 @@ impl LayerSteps for CpuSteps {
             dw_qkv: tensor_of(dw_qkv, &[m, c], s.dtype)?,
             db_qkv,
         })
+    }
+
+    fn heads_copy(
+        &self,
+        s: &LayerShape,
+        src: &Tensor,
+        first: usize,
+        heads: usize,
+        inverse: bool,
+    ) -> Result<Tensor> {
+        let row_len: usize = src.shape()[s.x_shape.len() - 1..].iter().product();
+        let (n, from) = (heads * s.head_dim, first * s.head_dim);
+        let mut v = Vec::with_capacity(s.rows * n);
+        for row in f32_rows(src)?.chunks_exact(row_len.max(1)) {
+            v.extend_from_slice(&row[from..from + n]);
+        }
+        if let Some(rope) = &s.rope {
+            rotate_heads(&mut v, n, heads, s, rope, inverse);
+        }
+        tensor_of(v, &s.heads_of(heads), s.dtype)
+    }
+
+    fn concat(&self, s: &LayerShape, [dq, dk, dv]: [&Tensor; 3]) -> Result<Tensor> {
+        let (dq, dk, dv) = (f32_rows(dq)?, f32_rows(dk)?, f32_rows(dv)?);
+        let (qd, kd) = (s.heads * s.head_dim, s.heads_kv * s.head_dim);
+        let mut packed = Vec::with_capacity(s.rows * s.cols);
+        for r in 0..s.rows {
+            packed.extend_from_slice(&dq[r * qd..][..qd]);
+            packed.extend_from_slice(&dk[r * kd..][..kd]);
+            packed.extend_from_slice(&dv[r * kd..][..kd]);
+        }
+        tensor_of(packed, &s.rows_of(s.cols), s.dtype)
     }
 }

@@ -1,7 +1,8 @@
 //! The layer's steps on the GPU: cuBLAS GEMMs in the dtype with f32 accumulation, biases
 //! broadcast into the output by a rank-1 GEMM (a column of ones times the bias row) that the
 //! main GEMM accumulates onto (beta = 1), bias gradients as ones·dY, the rotation by
-//! `kernels/rope.cu` in place, the attention backward into one packed gradient buffer.
+//! `kernels/rope.cu` in place, the attention backward into one packed gradient buffer; the
+//! separate-calls yardstick's head copies and concatenation by 2-D device copies.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use crate::cuda::rope::{Rotation, rotate};
 use crate::cuda::storage::CudaStorage;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::layer::cuda_copy::{Columns, copy_columns};
 use crate::layer::params::{LayerWeights, RopeStyle};
 use crate::layer::rope::inv_freq;
 use crate::layer::shape::LayerShape;
@@ -70,8 +72,15 @@ impl Ctx {
         products.iter().try_for_each(|p| p.run(&blas, self.dtype))
     }
 
-    /// Queues the rotation of the q and k heads of a packed `[rows, cols]` buffer.
-    fn rotate(&self, s: &LayerShape, data: u64, inverse: bool) -> Result<()> {
+    /// Queues the rotation of the first `heads` heads of each row of a contiguous `[rows, cols]`
+    /// buffer (the q and k heads of the packed one).
+    fn rotate(
+        &self,
+        s: &LayerShape,
+        data: u64,
+        (cols, heads): (usize, usize),
+        inverse: bool,
+    ) -> Result<()> {
         let Some(rope) = &s.rope else { return Ok(()) };
         rotate(
             &self.g,
@@ -79,8 +88,8 @@ impl Ctx {
                 data,
                 dtype: s.dtype,
                 rows: s.rows,
-                cols: s.cols,
-                heads: s.heads + s.heads_kv,
+                cols,
+                heads,
                 head_dim: s.head_dim,
                 positions: &s.positions,
                 inv_freq: &inv_freq(rope),
@@ -98,6 +107,21 @@ fn dense(t: &Tensor) -> Result<Cow<'_, Tensor>> {
     } else {
         Cow::Owned(t.contiguous()?)
     })
+}
+
+/// The device address of `t`, a contiguous tensor of the call's dtype and rows, each row of at
+/// least `n` elements (no host round trip makes a strided one contiguous).
+fn rows_ptr(s: &LayerShape, t: &Tensor, arg: &'static str, n: usize) -> Result<u64> {
+    if t.dtype() != s.dtype || !t.is_contiguous() || t.numel() < s.rows * n {
+        let got = format!("{} {:?}, strides {:?}", t.dtype(), t.shape(), t.strides());
+        let rows = s.rows;
+        return Err(Error::arg(
+            arg,
+            format!("{rows} contiguous rows of {n}"),
+            got,
+        ));
+    }
+    ptr(t, arg)
 }
 
 /// The device address of `t`'s first element.
@@ -223,7 +247,7 @@ impl LayerSteps for CudaSteps {
             w.b_qkv.as_ref(),
             c,
         )?;
-        ctx.rotate(s, c, false)?;
+        ctx.rotate(s, c, (s.cols, s.heads + s.heads_kv), false)?;
         Ok(qkv)
     }
 
@@ -315,7 +339,7 @@ impl LayerSteps for CudaSteps {
         let ctx = Ctx::of(s)?;
         let (rows, c, m) = (s.rows, s.cols, s.model_dim);
         let d = ptr(&dqkv, "dqkv")?;
-        ctx.rotate(s, d, true)?;
+        ctx.rotate(s, d, (s.cols, s.heads + s.heads_kv), true)?;
         let (x, wq) = (dense(x)?, dense(&w.w_qkv)?);
         let dx = ctx.output(s.dtype, &s.x_shape)?;
         let dw_qkv = ctx.output(s.dtype, &[m, c])?;
@@ -344,5 +368,57 @@ impl LayerSteps for CudaSteps {
             None => None,
         };
         Ok(QkvGrads { dx, dw_qkv, db_qkv })
+    }
+
+    fn heads_copy(
+        &self,
+        s: &LayerShape,
+        src: &Tensor,
+        first: usize,
+        heads: usize,
+        inverse: bool,
+    ) -> Result<Tensor> {
+        let ctx = Ctx::of(s)?;
+        let row_len: usize = src.shape()[s.x_shape.len() - 1..].iter().product();
+        let n = heads * s.head_dim;
+        let need = row_len.max((first + heads) * s.head_dim);
+        let from = Columns {
+            ptr: rows_ptr(s, src, "src", need)?,
+            pitch: row_len,
+            first: first * s.head_dim,
+        };
+        let copy = ctx.output(s.dtype, &s.heads_of(heads))?;
+        let to = ptr(&copy, "copy")?;
+        let dst = Columns {
+            ptr: to,
+            pitch: n,
+            first: 0,
+        };
+        copy_columns(&ctx.g, s.dtype, (s.rows, n), &dst, &from)?;
+        ctx.rotate(s, to, (n, heads), inverse)?;
+        Ok(copy)
+    }
+
+    fn concat(&self, s: &LayerShape, parts: [&Tensor; 3]) -> Result<Tensor> {
+        let ctx = Ctx::of(s)?;
+        let packed = ctx.output(s.dtype, &s.rows_of(s.cols))?;
+        let to = ptr(&packed, "dqkv")?;
+        let widths = [s.heads, s.heads_kv, s.heads_kv].map(|h| h * s.head_dim);
+        let mut first = 0;
+        for ((part, name), n) in parts.into_iter().zip(["dq", "dk", "dv"]).zip(widths) {
+            let src = Columns {
+                ptr: rows_ptr(s, part, name, n)?,
+                pitch: n,
+                first: 0,
+            };
+            let dst = Columns {
+                ptr: to,
+                pitch: s.cols,
+                first,
+            };
+            copy_columns(&ctx.g, s.dtype, (s.rows, n), &dst, &src)?;
+            first += n;
+        }
+        Ok(packed)
     }
 }

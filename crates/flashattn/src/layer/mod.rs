@@ -22,6 +22,8 @@
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_copy;
 pub mod params;
 pub(crate) mod rope;
 pub(crate) mod shape;
@@ -110,9 +112,24 @@ pub(crate) trait LayerSteps: Sync {
         w: &LayerWeights,
         dqkv: Tensor,
     ) -> Result<QkvGrads>;
+    /// Heads `first..first + heads` of each row of `src` (contiguous rows, all its elements past
+    /// the row dims of `x`) copied into a new `[.., heads, head_dim]` tensor and rotated there
+    /// (by the negative angles with `inverse`) when the call has a rotary embedding. The
+    /// separate-calls yardstick's (`reference::unfused_layer`) Q and K copies.
+    fn heads_copy(
+        &self,
+        s: &LayerShape,
+        src: &Tensor,
+        first: usize,
+        heads: usize,
+        inverse: bool,
+    ) -> Result<Tensor>;
+    /// The yardstick's concatenation: each row of dq, dk and dv (contiguous `[.., H, D]`,
+    /// `[.., HK, D]`, `[.., HK, D]`) side by side in a new packed `[.., cols]` tensor.
+    fn concat(&self, s: &LayerShape, parts: [&Tensor; 3]) -> Result<Tensor>;
 }
 
-fn steps(device: Device) -> Result<&'static dyn LayerSteps> {
+pub(crate) fn steps(device: Device) -> Result<&'static dyn LayerSteps> {
     match device {
         Device::Cpu => Ok(&cpu::CpuSteps),
         #[cfg(feature = "cuda")]

@@ -4,17 +4,16 @@
 //! reads them (and V through strides); the output GEMM. The backward: the output projection's
 //! gradients, the attention backward into separate dq, dk, dv, their inverse rotation into new
 //! tensors, their concatenation into one packed gradient, the QKV GEMMs. The GEMMs are the
-//! fused layer's own, so timing the two measures what fusing saves. CPU only.
+//! fused layer's own, so timing the two measures what fusing saves. Either device, every step on
+//! it (on the GPU the copies and the concatenation are 2-D device-to-device copies).
 
 use crate::attention::{backward as attention_backward, forward as attention_forward};
-use crate::error::{Error, Result};
-use crate::layer::cpu::{CpuSteps, f32_rows, tensor_of};
+use crate::error::Result;
 use crate::layer::params::{LayerParams, LayerWeights};
-use crate::layer::rope::rotate_heads;
 use crate::layer::shape::LayerShape;
-use crate::layer::{LayerGradients, LayerSteps};
+use crate::layer::{LayerGradients, LayerSteps, steps};
 use crate::outputs::ForwardOutput;
-use crate::tensor::{Device, Tensor};
+use crate::tensor::Tensor;
 
 /// What [`forward`] returns: the output and each step's result the backward reads again.
 #[derive(Clone, Debug)]
@@ -32,38 +31,18 @@ pub struct UnfusedOutput {
     pub attention: ForwardOutput,
 }
 
-/// The validated call, and the same without its rotation (the projection GEMM alone).
-fn shapes(x: &Tensor, w: &LayerWeights, params: &LayerParams) -> Result<(LayerShape, LayerShape)> {
+/// The validated call, the same without its rotation (the projection GEMM alone), and the
+/// device's steps.
+fn shapes(
+    x: &Tensor,
+    w: &LayerWeights,
+    params: &LayerParams,
+) -> Result<(LayerShape, LayerShape, &'static dyn LayerSteps)> {
     let s = LayerShape::new(x, w, params)?;
-    if s.device != Device::Cpu {
-        return Err(Error::Unsupported {
-            device: "cuda",
-            what: "the unfused layer (a CPU yardstick)".into(),
-        });
-    }
     let mut plain = s.clone();
     plain.rope = None;
-    Ok((s, plain))
-}
-
-/// Columns `first..first + heads·head_dim` of each row of `src` (rows `row_len` apart) copied
-/// into a new buffer and rotated there (by the negative angles with `inverse`).
-fn rotated(
-    s: &LayerShape,
-    src: &[f32],
-    (row_len, first): (usize, usize),
-    heads: usize,
-    inverse: bool,
-) -> Vec<f32> {
-    let n = heads * s.head_dim;
-    let mut v = Vec::with_capacity(s.rows * n);
-    for row in src.chunks_exact(row_len) {
-        v.extend_from_slice(&row[first..first + n]);
-    }
-    if let Some(rope) = &s.rope {
-        rotate_heads(&mut v, n, heads, s, rope, inverse);
-    }
-    v
+    let steps = steps(s.device)?;
+    Ok((s, plain, steps))
 }
 
 /// The layer of [`crate::layer_forward`] as separate calls (see the module docs).
@@ -83,23 +62,19 @@ fn rotated(
 /// # Ok::<(), flashattn::Error>(())
 /// ```
 pub fn forward(x: &Tensor, w: &LayerWeights, params: &LayerParams) -> Result<UnfusedOutput> {
-    let (s, plain) = shapes(x, w, params)?;
-    let qkv = CpuSteps.qkv(&plain, x, w)?;
+    let (s, plain, steps) = shapes(x, w, params)?;
+    let qkv = steps.qkv(&plain, x, w)?;
     let [q, k, v] = s.views(&qkv)?;
     // Without a rotary embedding the attention reads Q and K through strides too.
     let (q, k) = match s.rope {
         None => (q, k),
-        Some(_) => {
-            let rows = f32_rows(&qkv)?;
-            let new = |first, heads| {
-                let v = rotated(&s, &rows, (s.cols, first * s.head_dim), heads, false);
-                tensor_of(v, &s.heads_of(heads), s.dtype)
-            };
-            (new(0, s.heads)?, new(s.heads, s.heads_kv)?)
-        }
+        Some(_) => (
+            steps.heads_copy(&s, &qkv, 0, s.heads, false)?,
+            steps.heads_copy(&s, &qkv, s.heads, s.heads_kv, false)?,
+        ),
     };
     let attention = attention_forward(&q, &k, &v, &params.attention)?;
-    let y = CpuSteps.output(&s, &attention.out, w)?;
+    let y = steps.output(&s, &attention.out, w)?;
     Ok(UnfusedOutput {
         y,
         qkv,
@@ -118,27 +93,19 @@ pub fn backward(
     fwd: &UnfusedOutput,
     dy: &Tensor,
 ) -> Result<LayerGradients> {
-    let (s, plain) = shapes(x, w, params)?;
+    let (s, plain, steps) = shapes(x, w, params)?;
     s.expect_rows(dy, "dy", s.model_dim)?;
     s.expect_rows(&fwd.qkv, "qkv", s.cols)?;
     s.expect_heads(&fwd.attention.out, "out")?;
-    let o = CpuSteps.out_grads(&s, &fwd.attention.out, w, dy)?;
+    let o = steps.out_grads(&s, &fwd.attention.out, w, dy)?;
     let [_, _, v] = s.views(&fwd.qkv)?;
     let (out, lse) = (&fwd.attention.out, &fwd.attention.lse);
     let g = attention_backward(&fwd.q, &fwd.k, &v, out, lse, &o.dout, &params.attention)?;
-    let (qd, kd) = (s.heads * s.head_dim, s.heads_kv * s.head_dim);
-    let dq = rotated(&s, &f32_rows(&g.dq)?, (qd, 0), s.heads, true);
-    let dk = rotated(&s, &f32_rows(&g.dk)?, (kd, 0), s.heads_kv, true);
-    let dv = f32_rows(&g.dv)?;
+    let dq = steps.heads_copy(&s, &g.dq, 0, s.heads, true)?;
+    let dk = steps.heads_copy(&s, &g.dk, 0, s.heads_kv, true)?;
     // The concatenation: each row's q, k and v gradients side by side.
-    let mut packed = Vec::with_capacity(s.rows * s.cols);
-    for r in 0..s.rows {
-        packed.extend_from_slice(&dq[r * qd..][..qd]);
-        packed.extend_from_slice(&dk[r * kd..][..kd]);
-        packed.extend_from_slice(&dv[r * kd..][..kd]);
-    }
-    let dqkv = tensor_of(packed, &s.rows_of(s.cols), s.dtype)?;
-    let q = CpuSteps.qkv_grads(&plain, x, w, dqkv)?;
+    let dqkv = steps.concat(&s, [&dq, &dk, &g.dv])?;
+    let q = steps.qkv_grads(&plain, x, w, dqkv)?;
     Ok(LayerGradients {
         dx: q.dx,
         dw_qkv: q.dw_qkv,
