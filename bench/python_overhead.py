@@ -81,7 +81,7 @@ def main():
     p.add_argument("--profile", type=int, default=0, metavar="CALLS",
                    help="also profile CALLS forward+backward calls with cProfile")
     p.add_argument("--trace", type=int, default=0, metavar="CALLS",
-                   help="on a GPU, also list the driver calls of CALLS native backwards (torch.profiler)")
+                   help="on a GPU, also trace CALLS native backwards and CALLS forward+backward calls (torch.profiler)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -119,7 +119,9 @@ def main():
     if args.trace and args.device == "cuda":
         with torch.no_grad():
             native = dict(backward_layers(q, k, v, dout))["  _native.backward"]
-        trace(native, args.trace)
+        trace("the native backward", native, args.trace)
+        trace("flash_attn_func forward+backward", lambda: torch.autograd.grad(flash_attn_func(*leaves), leaves, dout),
+              args.trace)
 
 
 def backward_layers(q, k, v, dout):
@@ -156,9 +158,9 @@ def profile(fn, calls, sync):
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
-def trace(fn, calls):
-    """torch.profiler's view of ``calls`` calls of ``fn`` on a GPU: the CUDA driver and runtime
-    calls they made (CUPTI sees those of any library), by total host time."""
+def trace(name, fn, calls):
+    """torch.profiler's view of ``calls`` calls of ``fn`` on a GPU: torch's operators on every
+    thread and the CUDA driver and runtime calls (CUPTI sees those of any library), by host time."""
     fn()
     torch.cuda.synchronize()
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
@@ -166,7 +168,7 @@ def trace(fn, calls):
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-    print(f"\ntorch.profiler over {calls} calls of the native backward:")
+    print(f"\ntorch.profiler over {calls} calls of {name}:")
     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30))
 
 if __name__ == "__main__":
