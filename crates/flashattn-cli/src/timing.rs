@@ -2,11 +2,10 @@
 //!
 //! * CPU: [`CPU_WARM_UP`] untimed runs, then `repeats` timed runs; the fastest is kept. The
 //!   counting allocator records each run's peak of heap bytes beyond what its results hold.
-//! * GPU: kernels run asynchronously, so a run is over only when its results can be read: after
+//! * GPU: kernels run asynchronously, so a run is over only when the GPU is synchronized: after
 //!   an untimed run (compiling the kernels) and one synchronized run to size the batches, each of
-//!   `repeats` batches queues enough back-to-back calls for about 50 ms and waits for the last
-//!   one (its smallest result read back, or the GPU synchronized when the call wrote into
-//!   tensors it was given); the fastest batch's time per call is kept. The sizing run also
+//!   `repeats` batches queues enough back-to-back calls for about 50 ms and synchronizes; the
+//!   fastest batch's time per call is kept. The sizing run also
 //!   measures device memory: the peak in use in the GPU's memory pool (which serves every
 //!   flashattn allocation) beyond what its results still hold.
 
@@ -111,24 +110,19 @@ fn cpu(repeats: u32, mut call: impl FnMut() -> CliResult<Vec<Tensor>>) -> CliRes
     Ok((best, Extra::Measured(extra)))
 }
 
-/// Waits for the call that produced `_outs` (which the caller holds) by synchronizing the GPU:
-/// reading a result back instead would time its download too, and a result of 32 MiB or more
-/// lands in fresh host pages each time (glibc maps allocations that large anew), which cost
-/// linear attention's 32 MiB output about 26 ms a call on the H200's host.
-fn wait(ordinal: usize, _outs: &[Tensor]) -> CliResult<()> {
-    device::synchronize(ordinal)
-}
-
 fn gpu(
     ordinal: usize,
     repeats: u32,
     mut call: impl FnMut() -> CliResult<Vec<Tensor>>,
 ) -> CliResult<(f64, Extra)> {
-    wait(ordinal, &call()?)?;
+    // A batch is waited for by synchronizing, not by reading a result back: that would time its
+    // download too, and a result of 32 MiB or more lands in fresh host pages each time.
+    drop(call()?);
+    device::synchronize(ordinal)?;
     let probe = device::MemoryProbe::start(ordinal);
     let start = Instant::now();
     let outs = call()?;
-    wait(ordinal, &outs)?;
+    device::synchronize(ordinal)?;
     let one = start.elapsed().as_secs_f64().max(1e-6);
     let extra = probe
         .and_then(|p| p.extra_while_results_held())
@@ -138,11 +132,10 @@ fn gpu(
     let mut best = f64::INFINITY;
     for _ in 0..repeats {
         let start = Instant::now();
-        let mut last = Vec::new();
         for _ in 0..batch {
-            last = call()?;
+            drop(call()?);
         }
-        wait(ordinal, &last)?;
+        device::synchronize(ordinal)?;
         best = best.min(start.elapsed().as_secs_f64() / batch as f64);
     }
     Ok((best, extra))
