@@ -277,10 +277,11 @@ fn kernel_choice() {
     set_hopper_backward(true);
 }
 
-/// The Hopper kernel (on sm_90a GPUs; elsewhere skipped with a note): lengths about its 128-key
-/// blocks and 64-row steps, causal with Nq ≠ Nk both ways, windows, GQA and MQA, head dims 32 to
-/// 128 and V's apart, every score option (the softcap at head dims up to 64), `[B, H, N, D]`
-/// storage; then the problems it leaves to the tensor-core kernel (a softcap at 128, varlen).
+/// The Hopper kernels (on sm_90a GPUs; elsewhere skipped with a note): lengths about their 128-
+/// and 64-key blocks and 64-row steps, causal with Nq ≠ Nk both ways, windows, GQA and MQA, head
+/// dims 32 to 256 and V's apart (the wide kernel above 128, with 192 and 200 padded to 256), every
+/// score option (the softcap at head dims up to 64), `[B, H, N, D]` storage; then the problems they
+/// leave to the other kernels (a softcap at 128 and 256, varlen).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn hopper_kernel() {
@@ -328,9 +329,26 @@ fn hopper_kernel() {
             .window(Some(50), Some(10))
             .alibi(Alibi::PerHead)
             .bias([true, false, true, true]),
+        Case::new(200, 200, 256).dtype(bf16).causal(),
+        Case::new(129, 65, 192).dtype(f16).heads(4, 2),
+        Case::new(65, 1000, 256)
+            .dv(128)
+            .dtype(bf16)
+            .layout(Layout::Bhnd),
+        Case::new(300, 129, 96).dv(256).dtype(f16).causal(),
+        Case::new(1, 1000, 256).dtype(f16).heads(8, 1),
+        Case::new(1000, 1, 200).dtype(bf16),
+        Case::new(113, 203, 256)
+            .dtype(bf16)
+            .batch(2)
+            .heads(4, 2)
+            .window(Some(40), Some(8))
+            .alibi(Alibi::PerHead)
+            .bias([true, false, true, true]),
     ];
     let others = [
         Case::new(113, 203, 128).dtype(bf16).softcap(10.0),
+        Case::new(70, 90, 256).dtype(f16).softcap(10.0),
         Case::new(0, 0, 64)
             .dtype(f16)
             .heads(4, 2)
@@ -353,7 +371,7 @@ fn hopper_kernel() {
 }
 
 /// Deterministic mode: two backward calls give the same bits (dq, dk, dv, dbias, drel_bias), on the
-/// tensor-core and CUDA-core key-block kernels, with biases broadcast over every combination of
+/// Hopper (narrow and wide, on sm_90a), tensor-core and CUDA-core key-block kernels, with biases broadcast over every combination of
 /// dims (each walks a different path of the dQ pass), GQA and varlen; and the gradients meet the
 /// bounds.
 #[test]
@@ -375,6 +393,10 @@ fn deterministic_gradients_repeat_bitwise() {
             .bias([false, false, false, false])
             .alibi(Alibi::PerHead),
         base(4, 32).layout(Layout::Bhnd),
+        base(10, 192).causal().bias([true, false, true, false]),
+        base(11, 256)
+            .window(Some(40), Some(3))
+            .alibi(Alibi::PerHead),
         base(5, 80).bias([true, true, true, true]).scale(-0.2),
         Case::new(0, 0, 48)
             .varlen(&[(5, 7), (63, 64), (0, 3), (113, 65)])

@@ -40,7 +40,7 @@ use params::{
     BiasParts, BwdLayouts, BwdParams, BwdPointers, accum_len, accum_pitch, bias_parts,
     rel_parts_len,
 };
-use tiles::{WGMMA_BWD_KEYS, WGMMA_BWD_ROWS, general_bwd_tile};
+use tiles::{WGMMA_BWD_ROWS, general_bwd_tile};
 pub use variants::kernel_sources;
 use variants::{BwdKernel, ROW_THREADS, Variant, choose, kernel_source, options_of};
 
@@ -270,9 +270,9 @@ fn queue(g: &Arc<Gpu>, p: &Problem, x: BackwardInputs<'_>, grads: &mut Gradients
     // Maps are encoded before the Hopper kernel is compiled: one the driver refuses sends the
     // problem to the other kernels, as on any other GPU.
     let maps = match main {
-        BwdKernel::Wgmma(_) => {
+        BwdKernel::Wgmma(t) => {
             let addresses = [ptr.q, ptr.k, ptr.v, bptr.dout];
-            let maps = backward_maps(p, addresses, &layouts.dout, WGMMA_BWD_ROWS, WGMMA_BWD_KEYS)
+            let maps = backward_maps(p, addresses, &layouts.dout, WGMMA_BWD_ROWS, t.keys())
                 .filter(|_| p.deterministic || accum_layout(p, 0, accum_pitch(p)).is_some());
             if maps.is_none() {
                 main = choose(p, (&strides, &addresses), max_shared, (switches.0, false));

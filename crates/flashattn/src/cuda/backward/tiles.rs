@@ -53,51 +53,79 @@ pub(crate) fn mma_bwd_tile(dqk: usize, dv: usize) -> MmaBwdTile {
     MmaBwdTile { dqk, dv, rows }
 }
 
-/// Hopper kernel (`kernels/flash_bwd_wgmma.cu`, sm_90a, f16/bf16): a producer warp and two
-/// consumer warpgroups of 64 keys each, so 128 keys a block, 64 query rows a step, head dims padded
-/// to 64 up to [`WGMMA_BWD_MAX_HEAD_DIM`]; a softcap only up to
-/// [`WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM`] (its tanh spills at 128).
-pub(crate) const WGMMA_BWD_MAX_HEAD_DIM: usize = 128;
+/// Hopper kernels (sm_90a, f16/bf16, a producer warp and two consumer warpgroups, 64 query rows a
+/// step, head dims up to [`WGMMA_BWD_MAX_HEAD_DIM`]; a softcap or a relative-position table only
+/// up to [`WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM`], where their code spills at 128):
+/// - head dims up to [`WGMMA_BWD_NARROW_MAX`] (`kernels/flash_bwd_wgmma.cu`): 128 keys a block,
+///   64 a warpgroup; head dims padded to 64.
+/// - above (`kernels/flash_bwd_wgmma_wide.cu`): 64 keys a block, the warpgroups splitting the head
+///   dims (dK and dV of 128 keys would not fit their registers); head dims padded to 128, so each
+///   half is whole 64-column blocks (192 runs as 256).
+pub(crate) const WGMMA_BWD_MAX_HEAD_DIM: usize = 256;
+pub(crate) const WGMMA_BWD_NARROW_MAX: usize = 128;
 pub(crate) const WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM: usize = 64;
-/// Threads, keys and query rows a step of the Hopper kernel's block.
+/// Threads and query rows a step of the Hopper kernels' blocks.
 pub(crate) const WGMMA_BWD_THREADS: usize = 384;
-pub(crate) const WGMMA_BWD_KEYS: usize = 128;
 pub(crate) const WGMMA_BWD_ROWS: usize = 64;
 
-/// A tile of the Hopper backward kernel.
+/// A tile of the Hopper backward kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct WgmmaBwdTile {
-    /// Head dims padded to a multiple of 64 (Q/K, V).
+    /// Head dims padded (Q/K, V).
     pub dqk: usize,
     pub dv: usize,
-    /// Slots of the Q/dO ring.
+    /// Slots of the Q/dO ring (the wide kernel: of each).
     pub stages: usize,
 }
 
 impl WgmmaBwdTile {
-    /// Dynamic shared memory (`WGMMA_BWD_SMEM`): 1024 for alignment, K and V, the ring of Q, dO
-    /// and their rows' LSE and D, dSᵀ (16-bit), dQ's f32 tiles (one shared at head dim 128, one a
-    /// warpgroup below), the mbarriers.
+    /// Whether this is the wide kernel's tile.
+    pub(crate) fn wide(&self) -> bool {
+        self.dqk.max(self.dv) > WGMMA_BWD_NARROW_MAX
+    }
+
+    /// Keys per block.
+    pub(crate) fn keys(&self) -> usize {
+        if self.wide() { 64 } else { 128 }
+    }
+
+    /// Dynamic shared memory (`WGMMA_BWD_SMEM` of the kernels): 1024 for alignment, K and V, the
+    /// ring of Q, dO and their rows' LSE and D, then the narrow kernel's dSᵀ (16-bit) and dQ f32
+    /// tiles (one shared at head dim 128, one a warpgroup below), or the wide kernel's Pᵀ and dSᵀ
+    /// twice and a dQ tile of half the columns a warpgroup; the mbarriers.
     pub(crate) fn shared_bytes(&self) -> usize {
-        let (keys, rows) = (WGMMA_BWD_KEYS, WGMMA_BWD_ROWS);
+        let (keys, rows) = (self.keys(), WGMMA_BWD_ROWS);
         let ring = self.stages * (2 * rows * (self.dqk + self.dv) + 8 * rows);
-        let dq_tiles = if self.dqk >= 128 { 1 } else { 2 };
-        1024 + 2 * keys * (self.dqk + self.dv)
-            + ring
-            + 2 * keys * rows
-            + dq_tiles * 4 * rows * self.dqk
-            + 8 * (1 + 2 * self.stages)
+        let kv = 1024 + 2 * keys * (self.dqk + self.dv) + ring;
+        if self.wide() {
+            kv + 4 * 2 * keys * rows + 2 * 4 * rows * self.dqk / 2 + 8 * (1 + 4 * self.stages)
+        } else {
+            let dq_tiles = if self.dqk >= 128 { 1 } else { 2 };
+            kv + 2 * keys * rows + dq_tiles * 4 * rows * self.dqk + 8 * (1 + 2 * self.stages)
+        }
     }
 }
 
-/// The Hopper tile for head dims `dqk`, `dv` (at most [`WGMMA_BWD_MAX_HEAD_DIM`]).
+/// The H100/H200's shared memory a block (227 KiB), which the Hopper tiles are sized for.
+const HOPPER_SHARED: usize = 227 * 1024;
+
+/// The Hopper tile for head dims `dqk`, `dv` (at most [`WGMMA_BWD_MAX_HEAD_DIM`]): two ring slots
+/// where they fit the H100/H200's shared memory, else one (head dims 256 and 256/128).
 pub(crate) fn wgmma_bwd_tile(dqk: usize, dv: usize) -> WgmmaBwdTile {
-    let pad = |d: usize| d.max(1).div_ceil(64) * 64;
-    WgmmaBwdTile {
+    let step = if dqk.max(dv) > WGMMA_BWD_NARROW_MAX {
+        128
+    } else {
+        64
+    };
+    let pad = |d: usize| d.max(1).div_ceil(step) * step;
+    let tile = |stages| WgmmaBwdTile {
         dqk: pad(dqk),
         dv: pad(dv),
-        stages: 2,
-    }
+        stages,
+    };
+    Some(tile(2))
+        .filter(|t| t.shared_bytes() <= HOPPER_SHARED)
+        .unwrap_or_else(|| tile(1))
 }
 
 /// Threads per block of the CUDA-core backward kernel.
@@ -176,19 +204,27 @@ pub(crate) fn all_general_bwd_tiles(dqk: usize, dv: usize) -> Vec<GeneralBwdTile
 mod tests {
     use super::*;
 
-    /// The Hopper tiles fit the H100/H200's 227 KiB.
+    /// The Hopper tiles fit the H100/H200's 227 KiB, pad to whole 64-column blocks (whole halves
+    /// of them in the wide kernel) and keep two ring slots wherever they fit.
     #[test]
     fn wgmma_tiles_fit() {
         for d in (8..=WGMMA_BWD_MAX_HEAD_DIM).step_by(8) {
             for dv in [8, d, WGMMA_BWD_MAX_HEAD_DIM] {
                 let t = wgmma_bwd_tile(d, dv);
-                assert!(t.shared_bytes() <= 227 * 1024, "{t:?}");
+                assert!(t.shared_bytes() <= HOPPER_SHARED, "{t:?}");
+                let block = if t.wide() { 128 } else { 64 };
                 assert!(
-                    t.dqk.is_multiple_of(64) && t.dv.is_multiple_of(64) && t.dqk >= d,
+                    t.dqk.is_multiple_of(block) && t.dv.is_multiple_of(block),
                     "{t:?}"
                 );
+                assert!(t.dqk >= d && t.dv >= dv, "{t:?}");
+                assert_eq!(t.wide(), d.max(dv) > WGMMA_BWD_NARROW_MAX, "{t:?}");
+                let two = WgmmaBwdTile { stages: 2, ..t };
+                assert_eq!(t.stages == 2, two.shared_bytes() <= HOPPER_SHARED, "{t:?}");
             }
         }
+        assert_eq!(wgmma_bwd_tile(256, 256).stages, 1);
+        assert_eq!(wgmma_bwd_tile(128, 256).stages, 2);
     }
 
     /// The tensor-core tiles fit 99 KiB and split dQ's 16-row slices evenly among the warps.

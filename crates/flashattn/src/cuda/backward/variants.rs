@@ -3,8 +3,8 @@
 
 use super::tiles::{
     GENERAL_BWD_THREADS, GeneralBwdTile, MMA_BWD_MAX_HEAD_DIM, MMA_BWD_WARPS, MmaBwdTile,
-    WGMMA_BWD_KEYS, WGMMA_BWD_MAX_HEAD_DIM, WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM, WGMMA_BWD_THREADS,
-    WgmmaBwdTile, all_general_bwd_tiles, general_bwd_tile, mma_bwd_tile, wgmma_bwd_tile,
+    WGMMA_BWD_MAX_HEAD_DIM, WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM, WGMMA_BWD_THREADS, WgmmaBwdTile,
+    all_general_bwd_tiles, general_bwd_tile, mma_bwd_tile, wgmma_bwd_tile,
 };
 use crate::cuda::compile::KernelSource;
 use crate::cuda::forward::{HEADERS, Options, dtype_define};
@@ -19,6 +19,7 @@ const MMA: &str = include_str!("../../../kernels/mma.cuh");
 const BWD_MMA: &str = include_str!("../../../kernels/flash_bwd_mma.cu");
 const HOPPER: &str = include_str!("../../../kernels/hopper.cuh");
 const BWD_WGMMA: &str = include_str!("../../../kernels/flash_bwd_wgmma.cu");
+const BWD_WGMMA_WIDE: &str = include_str!("../../../kernels/flash_bwd_wgmma_wide.cu");
 
 /// Threads (and query rows × 32) per block of the row passes (`ROW_THREADS` in
 /// `kernels/flash_bwd_rows.cu`).
@@ -52,7 +53,7 @@ impl BwdKernel {
             BwdKernel::General(t) => (t.keys, GENERAL_BWD_THREADS, t.shared_bytes()),
             BwdKernel::Dq(t) => (t.rows, GENERAL_BWD_THREADS, t.shared_bytes()),
             BwdKernel::Mma(t) => (t.keys(), 32 * MMA_BWD_WARPS, t.shared_bytes()),
-            BwdKernel::Wgmma(t) => (WGMMA_BWD_KEYS, WGMMA_BWD_THREADS, t.shared_bytes()),
+            BwdKernel::Wgmma(t) => (t.keys(), WGMMA_BWD_THREADS, t.shared_bytes()),
             BwdKernel::Pre | BwdKernel::Post | BwdKernel::DbiasSum | BwdKernel::DrelSum => {
                 (0, ROW_THREADS, 0)
             }
@@ -181,7 +182,11 @@ pub(crate) fn kernel_source(v: Variant) -> KernelSource {
                 t.dqk, t.dv, t.stages
             );
             let name = format!("bwd_wgmma_{tname}_d{}x{}_s{}{tail}", t.dqk, t.dv, t.stages);
-            (name, "flash_bwd_wgmma", &[MMA, HOPPER, BWD_WGMMA])
+            if t.wide() {
+                (name, "flash_bwd_wgmma_wide", &[MMA, HOPPER, BWD_WGMMA_WIDE])
+            } else {
+                (name, "flash_bwd_wgmma", &[MMA, HOPPER, BWD_WGMMA])
+            }
         }
     };
     code += &[&HEADERS[..], &[BWD_INFO], bodies].concat().join("\n");
@@ -198,8 +203,9 @@ pub(crate) fn kernel_source(v: Variant) -> KernelSource {
 /// option (every `#if` branch compiled), and with none at head dim 64; the tensor-core kernel's
 /// for f16/bf16 at head dims 16..=128 in steps of 16 with every option, and with none and the
 /// mask alone at 64 and 128; the key-block kernels with every option in deterministic mode too;
-/// the Hopper kernel's (sm_90a) for f16/bf16 at padded head dims 64 and 128 with none, the mask
-/// (also deterministic) and every option it takes (also deterministic: the softcap and the table at 64 only).
+/// the Hopper kernels' (sm_90a) for f16/bf16 at padded head dims 64 and 128 (narrow) and 128/256
+/// (wide) with none, the mask (also deterministic) and every option they take (also
+/// deterministic: the softcap and the table at 64 only).
 pub fn kernel_sources() -> Vec<KernelSource> {
     let mut out = Vec::new();
     let all = Options {
@@ -253,7 +259,15 @@ pub fn kernel_sources() -> Vec<KernelSource> {
             );
             push(BwdKernel::Mma(mma_bwd_tile(d, d)), mask, false);
         }
-        for (d, dv) in [(64, 64), (128, 128), (64, 128), (128, 64)] {
+        for (d, dv) in [
+            (64, 64),
+            (128, 128),
+            (64, 128),
+            (128, 64),
+            (256, 256),
+            (128, 256),
+            (256, 128),
+        ] {
             let t = BwdKernel::Wgmma(wgmma_bwd_tile(d, dv));
             push(t, Options::default(), false);
             push(t, mask, false);
