@@ -5,12 +5,12 @@
 //   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ            wgmma SS, warpgroup w: all 64 keys × queries 32w..32w+31
 //   Pᵀ = exp(Sᵀ − lse), dSᵀ = Pᵀ∘(dPᵀ − D)   on the accumulators (bwd_p_ds), then stored to
 //                                      shared memory (both warpgroups' halves meet at one barrier)
-//   dV += Pᵀ·dO, dK += dSᵀ·Q           wgmma SS, warpgroup w: columns DV/2·w.., DQK/2·w..
+//   dK += dSᵀ·Q, dV += Pᵀ·dO           wgmma SS, warpgroup w: columns DQK/2·w.., DV/2·w..
 //   dQ = dS·K                          wgmma SS (dSᵀ as MN-major A), warpgroup w: its DQK/2
 //                                      columns, added to dq_accum by its own TMA reductions
-// Pᵀ and dSᵀ are double-buffered, so one barrier a step suffices. Q and dO have a ring each (the
-// slot of dO frees after dV, Q's after dK), so at STAGES = 1 the next Q and dO load under the
-// step's last products. Column blocks past the head dim are zeroed once and never loaded.
+// Pᵀ and dSᵀ are double-buffered, so one barrier a step suffices. Q and dO have a ring each: Q's
+// slot frees after dK, the step's first product, dO's after dV, so at STAGES = 1 the next Q and dO
+// load under the step's last products. Column blocks past the head dim are zeroed, never loaded.
 //
 // Defines: ELEM_BF16 or ELEM_F16; DQK, DV in {128, 256} (head dims padded to 128, not both 128);
 // STAGES >= 1; DETERMINISTIC; the option flags of mask.cuh. Parameters as flash_bwd_wgmma's (K and
@@ -110,13 +110,28 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
             const int st = it % STAGES, ph = (it / STAGES) & 1;
             const SeqInfo s = seq_info_at(p, b, hk * p.group + it / per_head);
             const int i0 = r_first + (it % per_head) * BQB;
-            // dO's slot frees first (after dV), so it loads first.
+            // The rows' LSE and D are read before the waits, so their latency hides under them; Q's
+            // slot frees first (after dK), so it loads first.
+            float lse[BQB / 32], delta[BQB / 32];
+#pragma unroll
+            for (int k = 0; k < BQB / 32; ++k) {
+                const int r = lane + 32 * k;
+                const bool in = i0 + r < s.nq;
+                lse[k] = in ? p.lse[lse_index(p, s, i0 + r)] * LOG2E : NEG_INF;
+                delta[k] = in ? bp.delta[lse_index(p, s, i0 + r)] : 0.f;
+            }
+            if (lane == 0) {
+                mbarrier_wait(empty_q(st), ph ^ 1);
+                mbarrier_arrive_expect_tx(full_q(st), qk_blocks * BQB * 128);
+                for (int c = 0; c < qk_blocks; ++c)
+                    tma_load_4d(sQ0 + st * Q_BYTES + c * BQB * 128, &tq, c * 64, s.q_row0 + i0, s.h, b, full_q(st));
+            }
             mbarrier_wait(empty_do(st), ph ^ 1);
             float* rows = (float*)at(sRows + st * ROWS_BYTES);
-            for (int r = lane; r < BQB; r += 32) {
-                const bool in = i0 + r < s.nq;
-                rows[r] = in ? p.lse[lse_index(p, s, i0 + r)] * LOG2E : NEG_INF;
-                rows[BQB + r] = in ? bp.delta[lse_index(p, s, i0 + r)] : 0.f;
+#pragma unroll
+            for (int k = 0; k < BQB / 32; ++k) {
+                rows[lane + 32 * k] = lse[k];
+                rows[BQB + lane + 32 * k] = delta[k];
             }
             if (lane != 0) {
                 mbarrier_arrive(full_do(st));
@@ -125,10 +140,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
             mbarrier_arrive_expect_tx(full_do(st), v_blocks * BQB * 128);
             for (int c = 0; c < v_blocks; ++c)
                 tma_load_4d(sdO0 + st * DO_BYTES + c * BQB * 128, &tdo, c * 64, s.q_row0 + i0, s.h, b, full_do(st));
-            mbarrier_wait(empty_q(st), ph ^ 1);
-            mbarrier_arrive_expect_tx(full_q(st), qk_blocks * BQB * 128);
-            for (int c = 0; c < qk_blocks; ++c)
-                tma_load_4d(sQ0 + st * Q_BYTES + c * BQB * 128, &tq, c * 64, s.q_row0 + i0, s.h, b, full_q(st));
         }
         return;
     }
@@ -154,10 +165,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         const u32 sQ = sQ0 + st * Q_BYTES, sdO = sdO0 + st * DO_BYTES;
         const u32 sP = sPdS + (it & 1) * 2 * PDS_BYTES, sdS = sP + PDS_BYTES;
         const float* rows = (const float*)at(sRows + st * ROWS_BYTES);
+        float sa[16], dpa[16];
         mbarrier_wait(full_q(st), ph);
         mbarrier_wait(full_do(st), ph);
-
-        float sa[16], dpa[16];
         wgmma_fence();
         {
             const u64 kd = desc_sw128(opaque(sK)), qd = desc_sw128(opaque(sQ + qw * 128));
@@ -215,13 +225,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
             const u64 qd = desc_sw128_mn(opaque(sQ + wg * (HQK / 64) * BQB * 128), BQB * 128);
 #pragma unroll
             for (int kk = 0; kk < BQB / 16; ++kk)
-                wgmma_ss<HV, 0, 1>(dv, desc_advance(pd, sw128_k_offset(kk, BKB)), desc_advance(od, sw128_mn_k_offset(kk)),
-                                   1);
+                wgmma_ss<HQK, 0, 1>(dk, desc_advance(dsd, sw128_k_offset(kk, BKB)), desc_advance(qd, sw128_mn_k_offset(kk)),
+                                    1);
             wgmma_commit();
 #pragma unroll
             for (int kk = 0; kk < BQB / 16; ++kk)
-                wgmma_ss<HQK, 0, 1>(dk, desc_advance(dsd, sw128_k_offset(kk, BKB)), desc_advance(qd, sw128_mn_k_offset(kk)),
-                                    1);
+                wgmma_ss<HV, 0, 1>(dv, desc_advance(pd, sw128_k_offset(kk, BKB)), desc_advance(od, sw128_mn_k_offset(kk)),
+                                   1);
             wgmma_commit();
         }
 #if !DETERMINISTIC
@@ -239,17 +249,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #else
         wgmma_wait<1>();
 #endif
-        wgmma_fence_operands(dv);
+        wgmma_fence_operands(dk);
         __syncwarp();
-        if (lane == 0) mbarrier_arrive(empty_do(st));  // dO, LSE and D of this slot are read
+        if (lane == 0) mbarrier_arrive(empty_q(st));  // Q of this slot is read
 #if !DETERMINISTIC
         wgmma_wait<1>();
 #else
         wgmma_wait<0>();
 #endif
-        wgmma_fence_operands(dk);
+        wgmma_fence_operands(dv);
         __syncwarp();
-        if (lane == 0) mbarrier_arrive(empty_q(st));  // Q of this slot is read
+        if (lane == 0) mbarrier_arrive(empty_do(st));  // dO, LSE and D of this slot are read
 #if !DETERMINISTIC
         wgmma_wait<0>();
         wgmma_fence_operands(dq);
