@@ -5,15 +5,16 @@
 //   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ            wgmma SS, warpgroup w: all 64 keys × queries 32w..32w+31
 //   Pᵀ = exp(Sᵀ − lse), dSᵀ = Pᵀ∘(dPᵀ − D)   on the accumulators (bwd_p_ds), then stored to
 //                                      shared memory (both warpgroups' halves meet at one barrier)
-//   dK += dSᵀ·Q, dV += Pᵀ·dO           wgmma SS, warpgroup w: columns DQK/2·w.., DV/2·w..
+//   dV += Pᵀ·dO, dK += dSᵀ·Q           wgmma SS, warpgroup w: columns DV/2·w.., DQK/2·w..
 //   dQ = dS·K                          wgmma SS (dSᵀ as MN-major A), warpgroup w: its DQK/2
-//                                      columns, added to dq_accum by its own TMA reductions
-// Pᵀ and dSᵀ are double-buffered, so one barrier a step suffices. Q and dO have a ring each: Q's
-// slot frees after dK, the step's first product, dO's after dV, so at STAGES = 1 the next Q and dO
-// load under the step's last products. Column blocks past the head dim are zeroed, never loaded.
+//                                      columns, 64 at a time through its own f32 tile, added to
+//                                      dq_accum by its own TMA reductions
+// Pᵀ and dSᵀ are double-buffered, so one barrier a step suffices. Q and dO have rings of their own
+// (dO's slot frees after dV, the step's first product; Q's after dK), so where shared memory
+// allows one dO slot only, Q still has two. Column blocks past the head dim are zeroed, never loaded.
 //
 // Defines: ELEM_BF16 or ELEM_F16; DQK, DV in {128, 256} (head dims padded to 128, not both 128);
-// STAGES >= 1; DETERMINISTIC; the option flags of mask.cuh. Parameters as flash_bwd_wgmma's (K and
+// Q_STAGES, DO_STAGES >= 1; DETERMINISTIC; the option flags of mask.cuh. Parameters as flash_bwd_wgmma's (K and
 // V boxes of 64 rows). Grid (key blocks, key/value heads, batch); 384 threads; WGMMA_BWD_SMEM bytes.
 
 #define NWG 2
@@ -29,11 +30,12 @@
 #define V_BYTES (BKB * DV * 2)
 #define PDS_BYTES (BKB * BQB * 2)  // Pᵀ or dSᵀ: a 128-byte swizzled row of 64 queries per key
 #define DQ_BLOCK_BYTES (BQB * 128)  // 32 f32 columns of BQB rows, as TMA reads them
-#define DQ_BYTES (HQK / 32 * DQ_BLOCK_BYTES)  // a warpgroup's dQ tile
+#define DQ_HALVES (HQK / 64)  // a warpgroup's dQ goes through its tile 64 columns at a time
+#define DQ_BYTES (2 * DQ_BLOCK_BYTES)  // a warpgroup's dQ tile
 #define ROWS_BYTES (2 * BQB * 4)  // a dO slot's LSE·log2(e) and D
-#define WGMMA_BWD_SMEM                                                                           \
-    (1024 + K_BYTES + V_BYTES + STAGES * (Q_BYTES + DO_BYTES + ROWS_BYTES) + 4 * PDS_BYTES + \
-     NWG * DQ_BYTES + 8 * (1 + 4 * STAGES))
+#define WGMMA_BWD_SMEM                                                                                         \
+    (1024 + K_BYTES + V_BYTES + Q_STAGES * Q_BYTES + DO_STAGES * (DO_BYTES + ROWS_BYTES) + 4 * PDS_BYTES + \
+     NWG * DQ_BYTES + 8 * (1 + 2 * (Q_STAGES + DO_STAGES)))
 #define PRODUCER_REGS 24
 #define CONSUMER_REGS 240
 // Named barriers: Pᵀ and dSᵀ of a step written (both warpgroups); a warpgroup's dQ tile written.
@@ -49,16 +51,16 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     const u32 sK = (base + 1023) & ~1023u;
     const u32 sV = sK + K_BYTES;
     const u32 sQ0 = sV + V_BYTES;
-    const u32 sdO0 = sQ0 + STAGES * Q_BYTES;
-    const u32 sPdS = sdO0 + STAGES * DO_BYTES;  // Pᵀ, dSᵀ of even steps, then of odd ones
+    const u32 sdO0 = sQ0 + Q_STAGES * Q_BYTES;
+    const u32 sPdS = sdO0 + DO_STAGES * DO_BYTES;  // Pᵀ, dSᵀ of even steps, then of odd ones
     const u32 sdQ = sPdS + 4 * PDS_BYTES;
     const u32 sRows = sdQ + NWG * DQ_BYTES;
-    const u32 bars = sRows + STAGES * ROWS_BYTES;
+    const u32 bars = sRows + DO_STAGES * ROWS_BYTES;
     const u32 full_kv = bars;
     auto full_q = [&](int st) { return bars + 8 * (1 + st); };
-    auto full_do = [&](int st) { return bars + 8 * (1 + STAGES + st); };
-    auto empty_q = [&](int st) { return bars + 8 * (1 + 2 * STAGES + st); };
-    auto empty_do = [&](int st) { return bars + 8 * (1 + 3 * STAGES + st); };
+    auto empty_q = [&](int st) { return bars + 8 * (1 + Q_STAGES + st); };
+    auto full_do = [&](int st) { return bars + 8 * (1 + 2 * Q_STAGES + st); };
+    auto empty_do = [&](int st) { return bars + 8 * (1 + 2 * Q_STAGES + DO_STAGES + st); };
     auto at = [&](u32 addr) { return smem + (addr - base); };  // a generic pointer to a shared address
 
     const FlashParams& p = bp.f;
@@ -75,18 +77,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         };
         zero(sK, BKB, qk_blocks, DQK / 64);
         zero(sV, BKB, v_blocks, DV / 64);
-        for (int st = 0; st < STAGES; ++st) {
-            zero(sQ0 + st * Q_BYTES, BQB, qk_blocks, DQK / 64);
-            zero(sdO0 + st * DO_BYTES, BQB, v_blocks, DV / 64);
-        }
+        for (int st = 0; st < Q_STAGES; ++st) zero(sQ0 + st * Q_BYTES, BQB, qk_blocks, DQK / 64);
+        for (int st = 0; st < DO_STAGES; ++st) zero(sdO0 + st * DO_BYTES, BQB, v_blocks, DV / 64);
         fence_proxy_async();
     }
     if (tid == 0) {
         mbarrier_init(full_kv, 1);
-        for (int st = 0; st < STAGES; ++st) {
+        for (int st = 0; st < Q_STAGES; ++st) {
             mbarrier_init(full_q(st), 1);
-            mbarrier_init(full_do(st), 32);        // the producer warp's lanes (one with the bytes)
-            mbarrier_init(empty_q(st), 4 * NWG);   // one arrival per consumer warp
+            mbarrier_init(empty_q(st), 4 * NWG);  // one arrival per consumer warp
+        }
+        for (int st = 0; st < DO_STAGES; ++st) {
+            mbarrier_init(full_do(st), 32);  // the producer warp's lanes (one with the bytes)
             mbarrier_init(empty_do(st), 4 * NWG);
         }
     }
@@ -107,11 +109,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
                 tma_load_4d(sV + c * BKB * 128, &tv, c * 64, s0.k_row0 + j0, hk, b, full_kv);
         }
         for (int it = 0; it < steps; ++it) {
-            const int st = it % STAGES, ph = (it / STAGES) & 1;
+            const int qs = it % Q_STAGES, qph = (it / Q_STAGES) & 1;
+            const int ds = it % DO_STAGES, dph = (it / DO_STAGES) & 1;
             const SeqInfo s = seq_info_at(p, b, hk * p.group + it / per_head);
             const int i0 = r_first + (it % per_head) * BQB;
-            // The rows' LSE and D are read before the waits, so their latency hides under them; Q's
-            // slot frees first (after dK), so it loads first.
+            // The rows' LSE and D are read before the waits, so their latency hides under them.
             float lse[BQB / 32], delta[BQB / 32];
 #pragma unroll
             for (int k = 0; k < BQB / 32; ++k) {
@@ -121,25 +123,25 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
                 delta[k] = in ? bp.delta[lse_index(p, s, i0 + r)] : 0.f;
             }
             if (lane == 0) {
-                mbarrier_wait(empty_q(st), ph ^ 1);
-                mbarrier_arrive_expect_tx(full_q(st), qk_blocks * BQB * 128);
+                mbarrier_wait(empty_q(qs), qph ^ 1);
+                mbarrier_arrive_expect_tx(full_q(qs), qk_blocks * BQB * 128);
                 for (int c = 0; c < qk_blocks; ++c)
-                    tma_load_4d(sQ0 + st * Q_BYTES + c * BQB * 128, &tq, c * 64, s.q_row0 + i0, s.h, b, full_q(st));
+                    tma_load_4d(sQ0 + qs * Q_BYTES + c * BQB * 128, &tq, c * 64, s.q_row0 + i0, s.h, b, full_q(qs));
             }
-            mbarrier_wait(empty_do(st), ph ^ 1);
-            float* rows = (float*)at(sRows + st * ROWS_BYTES);
+            mbarrier_wait(empty_do(ds), dph ^ 1);
+            float* rows = (float*)at(sRows + ds * ROWS_BYTES);
 #pragma unroll
             for (int k = 0; k < BQB / 32; ++k) {
                 rows[lane + 32 * k] = lse[k];
                 rows[BQB + lane + 32 * k] = delta[k];
             }
             if (lane != 0) {
-                mbarrier_arrive(full_do(st));
+                mbarrier_arrive(full_do(ds));
                 continue;
             }
-            mbarrier_arrive_expect_tx(full_do(st), v_blocks * BQB * 128);
+            mbarrier_arrive_expect_tx(full_do(ds), v_blocks * BQB * 128);
             for (int c = 0; c < v_blocks; ++c)
-                tma_load_4d(sdO0 + st * DO_BYTES + c * BQB * 128, &tdo, c * 64, s.q_row0 + i0, s.h, b, full_do(st));
+                tma_load_4d(sdO0 + ds * DO_BYTES + c * BQB * 128, &tdo, c * 64, s.q_row0 + i0, s.h, b, full_do(ds));
         }
         return;
     }
@@ -159,15 +161,16 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     mbarrier_wait(full_kv, 0);
 
     for (int it = 0; it < steps; ++it) {
-        const int st = it % STAGES, ph = (it / STAGES) & 1;
+        const int qs = it % Q_STAGES, qph = (it / Q_STAGES) & 1;
+        const int ds = it % DO_STAGES, dph = (it / DO_STAGES) & 1;
         const SeqInfo s = seq_info_at(p, b, hk * p.group + it / per_head);
         const int i0 = r_first + (it % per_head) * BQB;
-        const u32 sQ = sQ0 + st * Q_BYTES, sdO = sdO0 + st * DO_BYTES;
+        const u32 sQ = sQ0 + qs * Q_BYTES, sdO = sdO0 + ds * DO_BYTES;
         const u32 sP = sPdS + (it & 1) * 2 * PDS_BYTES, sdS = sP + PDS_BYTES;
-        const float* rows = (const float*)at(sRows + st * ROWS_BYTES);
+        const float* rows = (const float*)at(sRows + ds * ROWS_BYTES);
         float sa[16], dpa[16];
-        mbarrier_wait(full_q(st), ph);
-        mbarrier_wait(full_do(st), ph);
+        mbarrier_wait(full_q(qs), qph);
+        mbarrier_wait(full_do(ds), dph);
         wgmma_fence();
         {
             const u64 kd = desc_sw128(opaque(sK)), qd = desc_sw128(opaque(sQ + qw * 128));
@@ -225,61 +228,83 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
             const u64 qd = desc_sw128_mn(opaque(sQ + wg * (HQK / 64) * BQB * 128), BQB * 128);
 #pragma unroll
             for (int kk = 0; kk < BQB / 16; ++kk)
-                wgmma_ss<HQK, 0, 1>(dk, desc_advance(dsd, sw128_k_offset(kk, BKB)), desc_advance(qd, sw128_mn_k_offset(kk)),
-                                    1);
-            wgmma_commit();
-#pragma unroll
-            for (int kk = 0; kk < BQB / 16; ++kk)
                 wgmma_ss<HV, 0, 1>(dv, desc_advance(pd, sw128_k_offset(kk, BKB)), desc_advance(od, sw128_mn_k_offset(kk)),
                                    1);
             wgmma_commit();
+#pragma unroll
+            for (int kk = 0; kk < BQB / 16; ++kk)
+                wgmma_ss<HQK, 0, 1>(dk, desc_advance(dsd, sw128_k_offset(kk, BKB)), desc_advance(qd, sw128_mn_k_offset(kk)),
+                                    1);
+            wgmma_commit();
         }
 #if !DETERMINISTIC
-        float dq[HQK / 2];
+        // dQ of this warpgroup's columns, 64 at a time (one commit group each).
+        float dq[DQ_HALVES][32];
         {
             const u64 ad = desc_sw128_mn(opaque(sdS), BKB * 128);
-            const u64 kd = desc_sw128_mn(opaque(sK + wg * (HQK / 64) * BKB * 128), BKB * 128);
 #pragma unroll
-            for (int kk = 0; kk < BKB / 16; ++kk)
-                wgmma_ss<HQK, 1, 1>(dq, desc_advance(ad, sw128_mn_k_offset(kk)), desc_advance(kd, sw128_mn_k_offset(kk)),
-                                    kk > 0);
+            for (int hh = 0; hh < DQ_HALVES; ++hh) {
+                const u64 kd = desc_sw128_mn(opaque(sK + (wg * DQ_HALVES + hh) * BKB * 128), BKB * 128);
+#pragma unroll
+                for (int kk = 0; kk < BKB / 16; ++kk)
+                    wgmma_ss<64, 1, 1>(dq[hh], desc_advance(ad, sw128_mn_k_offset(kk)),
+                                       desc_advance(kd, sw128_mn_k_offset(kk)), kk > 0);
+                wgmma_commit();
+            }
         }
-        wgmma_commit();
-        wgmma_wait<2>();
+#define DQ_GROUPS DQ_HALVES
 #else
-        wgmma_wait<1>();
+#define DQ_GROUPS 0
 #endif
-        wgmma_fence_operands(dk);
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(empty_q(st));  // Q of this slot is read
-#if !DETERMINISTIC
-        wgmma_wait<1>();
-#else
-        wgmma_wait<0>();
-#endif
+        wgmma_wait<DQ_GROUPS + 1>();
         wgmma_fence_operands(dv);
         __syncwarp();
-        if (lane == 0) mbarrier_arrive(empty_do(st));  // dO, LSE and D of this slot are read
+        if (lane == 0) mbarrier_arrive(empty_do(ds));  // dO, LSE and D of this slot are read
+        wgmma_wait<DQ_GROUPS>();
+        wgmma_fence_operands(dk);
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(empty_q(qs));  // Q of this slot is read
+#undef DQ_GROUPS
 #if !DETERMINISTIC
+        // 64 columns of dQ into the tile (query row 16 warp + g + 8 ((x >> 1) & 1), column
+        // 8 (x >> 2) + 2t + (x & 1)), then its reductions; `hh` > 0 waits for the last ones' reads.
+        auto reduce_dq = [&](const float(&d)[32], int hh) {
+            if (hh > 0) {
+                if (reducer) bulk_wait_read<0>();
+                bar_sync(DQ_FULL + wg, 128);
+            }
+#pragma unroll
+            for (int x = 0; x < 32; x += 2) {
+                const int row = 16 * warp + g + 8 * ((x >> 1) & 1), col = 8 * (x >> 2) + 2 * t;
+                // An f32 column is two 16-bit ones of sw128_offset's layout.
+                float2* at2 = (float2*)at(sdQw + (col >> 5) * DQ_BLOCK_BYTES + sw128_offset(row, 2 * (col & 31), BQB));
+                *at2 = make_float2(d[x], d[x + 1]);
+            }
+            fence_proxy_async();
+            bar_sync(DQ_FULL + wg, 128);
+            if (reducer) {
+                const SeqInfo sr = seq_info_at(p, b, hk * p.group + it / per_head);  // fewer live registers
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int col = HQK * wg + 64 * hh + 32 * c;
+                    if (col < p.head_dim)
+                        tma_reduce_add_4d(&tdq, sdQw + c * DQ_BLOCK_BYTES, col, sr.q_row0 + i0, sr.h, b);
+                }
+                bulk_commit();
+            }
+        };
+#if DQ_HALVES == 2
+        wgmma_wait<1>();
+        wgmma_fence_operands(dq[0]);
+        reduce_dq(dq[0], 0);
         wgmma_wait<0>();
-        wgmma_fence_operands(dq);
-        // dQ's tile: query row 16 warp + g + 8 ((x >> 1) & 1), column 8 (x >> 2) + 2t + (x & 1).
-#pragma unroll
-        for (int x = 0; x < HQK / 2; x += 2) {
-            const int row = 16 * warp + g + 8 * ((x >> 1) & 1), col = 8 * (x >> 2) + 2 * t;
-            // An f32 column is two 16-bit ones of sw128_offset's layout.
-            float2* at2 = (float2*)at(sdQw + (col >> 5) * DQ_BLOCK_BYTES + sw128_offset(row, 2 * (col & 31), BQB));
-            *at2 = make_float2(dq[x], dq[x + 1]);
-        }
-        fence_proxy_async();
-        bar_sync(DQ_FULL + wg, 128);
-        if (reducer) {
-#pragma unroll
-            for (int c = 0; c < HQK / 32; ++c)
-                if (HQK * wg + 32 * c < p.head_dim)
-                    tma_reduce_add_4d(&tdq, sdQw + c * DQ_BLOCK_BYTES, HQK * wg + 32 * c, s.q_row0 + i0, s.h, b);
-            bulk_commit();
-        }
+        wgmma_fence_operands(dq[1]);
+        reduce_dq(dq[1], 1);
+#else
+        wgmma_wait<0>();
+        wgmma_fence_operands(dq[0]);
+        reduce_dq(dq[0], 0);
+#endif
 #endif
     }
 

@@ -74,8 +74,10 @@ pub(crate) struct WgmmaBwdTile {
     /// Head dims padded (Q/K, V).
     pub dqk: usize,
     pub dv: usize,
-    /// Slots of the Q/dO ring (the wide kernel: of each).
+    /// Slots of the Q/dO ring (the wide kernel: of Q's ring).
     pub stages: usize,
+    /// Slots of the wide kernel's dO ring (the narrow kernel: `stages`).
+    pub do_stages: usize,
 }
 
 impl WgmmaBwdTile {
@@ -90,18 +92,21 @@ impl WgmmaBwdTile {
     }
 
     /// Dynamic shared memory (`WGMMA_BWD_SMEM` of the kernels): 1024 for alignment, K and V, the
-    /// ring of Q, dO and their rows' LSE and D, then the narrow kernel's dSᵀ (16-bit) and dQ f32
-    /// tiles (one shared at head dim 128, one a warpgroup below), or the wide kernel's Pᵀ and dSᵀ
-    /// twice and a dQ tile of half the columns a warpgroup; the mbarriers.
+    /// rings of Q and of dO with its rows' LSE and D, then the narrow kernel's dSᵀ (16-bit) and dQ
+    /// f32 tiles (one shared at head dim 128, one a warpgroup below), or the wide kernel's Pᵀ and
+    /// dSᵀ twice and a dQ tile of 64 columns a warpgroup; the mbarriers.
     pub(crate) fn shared_bytes(&self) -> usize {
         let (keys, rows) = (self.keys(), WGMMA_BWD_ROWS);
-        let ring = self.stages * (2 * rows * (self.dqk + self.dv) + 8 * rows);
-        let kv = 1024 + 2 * keys * (self.dqk + self.dv) + ring;
+        let q_ring = self.stages * 2 * rows * self.dqk;
+        let do_ring = self.do_stages * (2 * rows * self.dv + 8 * rows);
+        let kv = 1024 + 2 * keys * (self.dqk + self.dv) + q_ring + do_ring;
+        let barriers = 8 * (1 + 2 * (self.stages + self.do_stages));
         if self.wide() {
-            kv + 4 * 2 * keys * rows + 2 * 4 * rows * self.dqk / 2 + 8 * (1 + 4 * self.stages)
+            // Pᵀ, dSᵀ twice; a 64-column f32 dQ tile a warpgroup.
+            kv + 4 * 2 * keys * rows + 2 * 4 * rows * 64 + barriers
         } else {
             let dq_tiles = if self.dqk >= 128 { 1 } else { 2 };
-            kv + 2 * keys * rows + dq_tiles * 4 * rows * self.dqk + 8 * (1 + 2 * self.stages)
+            kv + 2 * keys * rows + dq_tiles * 4 * rows * self.dqk + barriers
         }
     }
 }
@@ -110,7 +115,7 @@ impl WgmmaBwdTile {
 const HOPPER_SHARED: usize = 227 * 1024;
 
 /// The Hopper tile for head dims `dqk`, `dv` (at most [`WGMMA_BWD_MAX_HEAD_DIM`]): two ring slots
-/// where they fit the H100/H200's shared memory, else one (head dims 256 and 256/128).
+/// each, but one dO slot in the wide kernel at head dims 256 (all that fits beside two Q slots).
 pub(crate) fn wgmma_bwd_tile(dqk: usize, dv: usize) -> WgmmaBwdTile {
     let step = if dqk.max(dv) > WGMMA_BWD_NARROW_MAX {
         128
@@ -118,10 +123,11 @@ pub(crate) fn wgmma_bwd_tile(dqk: usize, dv: usize) -> WgmmaBwdTile {
         64
     };
     let pad = |d: usize| d.max(1).div_ceil(step) * step;
-    let tile = |stages| WgmmaBwdTile {
+    let tile = |do_stages| WgmmaBwdTile {
         dqk: pad(dqk),
         dv: pad(dv),
-        stages,
+        stages: 2,
+        do_stages,
     };
     Some(tile(2))
         .filter(|t| t.shared_bytes() <= HOPPER_SHARED)
@@ -205,7 +211,7 @@ mod tests {
     use super::*;
 
     /// The Hopper tiles fit the H100/H200's 227 KiB, pad to whole 64-column blocks (whole halves
-    /// of them in the wide kernel) and keep two ring slots wherever they fit.
+    /// of them in the wide kernel) and keep two dO slots wherever they fit.
     #[test]
     fn wgmma_tiles_fit() {
         for d in (8..=WGMMA_BWD_MAX_HEAD_DIM).step_by(8) {
@@ -219,12 +225,17 @@ mod tests {
                 );
                 assert!(t.dqk >= d && t.dv >= dv, "{t:?}");
                 assert_eq!(t.wide(), d.max(dv) > WGMMA_BWD_NARROW_MAX, "{t:?}");
-                let two = WgmmaBwdTile { stages: 2, ..t };
-                assert_eq!(t.stages == 2, two.shared_bytes() <= HOPPER_SHARED, "{t:?}");
+                let two = WgmmaBwdTile { do_stages: 2, ..t };
+                assert_eq!(
+                    t.do_stages == 2,
+                    two.shared_bytes() <= HOPPER_SHARED,
+                    "{t:?}"
+                );
+                assert!(t.stages == 2 && (t.wide() || t.do_stages == 2), "{t:?}");
             }
         }
-        assert_eq!(wgmma_bwd_tile(256, 256).stages, 1);
-        assert_eq!(wgmma_bwd_tile(128, 256).stages, 2);
+        assert_eq!(wgmma_bwd_tile(256, 256).do_stages, 1);
+        assert_eq!(wgmma_bwd_tile(128, 256).do_stages, 2);
     }
 
     /// The tensor-core tiles fit 99 KiB and split dQ's 16-row slices evenly among the warps.

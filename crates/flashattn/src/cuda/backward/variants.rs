@@ -177,14 +177,20 @@ pub(crate) fn kernel_source(v: Variant) -> KernelSource {
             (name, "flash_bwd_mma", &[MMA, BWD_MMA])
         }
         BwdKernel::Wgmma(t) => {
-            code += &format!(
-                "#define DQK {}\n#define DV {}\n#define STAGES {}\n",
-                t.dqk, t.dv, t.stages
-            );
-            let name = format!("bwd_wgmma_{tname}_d{}x{}_s{}{tail}", t.dqk, t.dv, t.stages);
+            code += &format!("#define DQK {}\n#define DV {}\n", t.dqk, t.dv);
             if t.wide() {
+                code += &format!(
+                    "#define Q_STAGES {}\n#define DO_STAGES {}\n",
+                    t.stages, t.do_stages
+                );
+                let name = format!(
+                    "bwd_wgmma_{tname}_d{}x{}_s{}x{}{tail}",
+                    t.dqk, t.dv, t.stages, t.do_stages
+                );
                 (name, "flash_bwd_wgmma_wide", &[MMA, HOPPER, BWD_WGMMA_WIDE])
             } else {
+                code += &format!("#define STAGES {}\n", t.stages);
+                let name = format!("bwd_wgmma_{tname}_d{}x{}_s{}{tail}", t.dqk, t.dv, t.stages);
                 (name, "flash_bwd_wgmma", &[MMA, HOPPER, BWD_WGMMA])
             }
         }
