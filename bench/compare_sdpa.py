@@ -15,7 +15,7 @@ for the forward and backward together (--pass fwdbwd).
     python3 bench/compare_sdpa.py --bin target/release/examples/cuda_bench --json out.json
 
 Prints a table (TFLOP/s per method, flashattn's ratio to each peer) and writes every figure as
-JSON. Shapes default to the CUDA issue's: bf16, D in {64, 128}, causal and not,
+JSON. Shapes default to the CUDA issues': bf16, D in {64, 128, 256}, causal and not,
 N in {512, ..., 16384}, batch·N = 16384, heads·D = 2048.
 """
 import argparse
@@ -32,7 +32,7 @@ def parse_args():
     p.add_argument("--bin", default="target/release/examples/cuda_bench",
                    help="the cuda_bench driver binary")
     p.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
-    p.add_argument("--head-dims", default="64,128")
+    p.add_argument("--head-dims", default="64,128,256")
     p.add_argument("--causal", default="both", choices=["both", "true", "false"])
     p.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
     p.add_argument("--pass", dest="pass_", default="forward", choices=["forward", "backward", "fwdbwd"])
