@@ -24,12 +24,13 @@ pub fn nvrtc_here() -> bool {
 }
 
 /// What ptxas's verbose report `log` of the variant `name` shows that a wgmma build must not:
-/// a warning such as "wgmma.mma_async instructions are serialized" (C7510, C7515, ...), or spills
-/// (one report line per kernel gives them).
+/// a warning such as "wgmma.mma_async instructions are serialized" (C7510, C7515, ...), a
+/// warpgroup arrive or wait it injected (C7517, C7519: an "info" line), or spills (one report
+/// line per kernel gives them).
 pub fn ptxas_faults(name: &str, log: &str) -> Vec<String> {
     let mut faults = Vec::new();
     let lower = log.to_lowercase();
-    if lower.contains("serialized") || lower.contains("warning") {
+    if lower.contains("serialized") || lower.contains("warning") || lower.contains("is injected") {
         faults.push(format!("{name}: ptxas warned:\n{log}"));
     }
     for line in log.lines().filter(|l| l.contains("spill")) {
