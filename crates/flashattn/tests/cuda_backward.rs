@@ -280,8 +280,8 @@ fn kernel_choice() {
 /// The Hopper kernels (on sm_90a GPUs; elsewhere skipped with a note): lengths about their 128-
 /// and 64-key blocks and 64-row steps, causal with Nq ≠ Nk both ways, windows, GQA and MQA, head
 /// dims 32 to 256 and V's apart (the wide kernel above 128, with 192 and 200 padded to 256), every
-/// score option (the softcap at head dims up to 64), `[B, H, N, D]` storage; then the problems they
-/// leave to the other kernels (a softcap at 128 and 256, varlen).
+/// score option (the softcap and the table at head dims up to 64 and on the wide kernel), `[B, H,
+/// N, D]` storage; then the problems they leave to the other kernels (a softcap at 128, varlen).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn hopper_kernel() {
@@ -345,10 +345,16 @@ fn hopper_kernel() {
             .window(Some(40), Some(8))
             .alibi(Alibi::PerHead)
             .bias([true, false, true, true]),
+        Case::new(70, 90, 256).dtype(f16).softcap(10.0),
+        Case::new(150, 150, 256)
+            .dtype(bf16)
+            .heads(4, 2)
+            .causal()
+            .softcap(30.0)
+            .rel_bias(40),
     ];
     let others = [
         Case::new(113, 203, 128).dtype(bf16).softcap(10.0),
-        Case::new(70, 90, 256).dtype(f16).softcap(10.0),
         Case::new(0, 0, 64)
             .dtype(f16)
             .heads(4, 2)
@@ -397,6 +403,7 @@ fn deterministic_gradients_repeat_bitwise() {
         base(11, 256)
             .window(Some(40), Some(3))
             .alibi(Alibi::PerHead),
+        base(14, 256).causal().softcap(20.0).rel_bias(30),
         base(5, 80).bias([true, true, true, true]).scale(-0.2),
         Case::new(0, 0, 48)
             .varlen(&[(5, 7), (63, 64), (0, 3), (113, 65)])

@@ -54,8 +54,9 @@ pub(crate) fn mma_bwd_tile(dqk: usize, dv: usize) -> MmaBwdTile {
 }
 
 /// Hopper kernels (sm_90a, f16/bf16, a producer warp and two consumer warpgroups, 64 query rows a
-/// step, head dims up to [`WGMMA_BWD_MAX_HEAD_DIM`]; a softcap or a relative-position table only
-/// up to [`WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM`], where their code spills at 128):
+/// step, head dims up to [`WGMMA_BWD_MAX_HEAD_DIM`]; in the narrow kernel a softcap or a
+/// relative-position table only up to [`WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM`], as their code spills at
+/// 128, while the wide kernel, with a quarter of the scores a thread, takes them):
 /// - head dims up to [`WGMMA_BWD_NARROW_MAX`] (`kernels/flash_bwd_wgmma.cu`): 128 keys a block,
 ///   64 a warpgroup; head dims padded to 64.
 /// - above (`kernels/flash_bwd_wgmma_wide.cu`): 64 keys a block, the warpgroups splitting the head

@@ -83,7 +83,7 @@ pub(crate) fn options_of(p: &Problem) -> Options {
 /// `addresses` in bytes): with 16-byte-aligned rows, f16/bf16 and head dims that are multiples of
 /// 8, the Hopper one (when `hopper`: an sm_90a GPU, switch on) for padded batches with head dims
 /// up to [`WGMMA_BWD_MAX_HEAD_DIM`] (a softcap or a relative-position table up to
-/// [`WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM`]), else the
+/// [`WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM`] or above 128, on the wide kernel), else the
 /// tensor-core one (when `mma` allows it) up to [`MMA_BWD_MAX_HEAD_DIM`]; else the CUDA-core one.
 /// The Hopper kernel also needs tensor maps, which the caller encodes and may fall back from.
 pub(crate) fn choose(
@@ -104,12 +104,16 @@ pub(crate) fn choose(
         return BwdKernel::General(general_bwd_tile(p.head_dim, p.head_dim_v, max_shared));
     }
     let wgmma = wgmma_bwd_tile(p.head_dim, p.head_dim_v);
-    let wgmma_max = if p.softcap.is_some() || p.rel_bias.is_some() {
-        WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM
-    } else {
-        WGMMA_BWD_MAX_HEAD_DIM
-    };
-    if hopper && !p.varlen && dims(wgmma_max) && wgmma.shared_bytes() <= max_shared {
+    // The narrow kernel's softcap and table code spills above head dim 64; the wide one takes them.
+    let mods_fit = (p.softcap.is_none() && p.rel_bias.is_none())
+        || wgmma.wide()
+        || dims(WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM);
+    if hopper
+        && !p.varlen
+        && dims(WGMMA_BWD_MAX_HEAD_DIM)
+        && mods_fit
+        && wgmma.shared_bytes() <= max_shared
+    {
         return BwdKernel::Wgmma(wgmma);
     }
     let tile = mma_bwd_tile(p.head_dim, p.head_dim_v);
@@ -211,7 +215,7 @@ pub(crate) fn kernel_source(v: Variant) -> KernelSource {
 /// mask alone at 64 and 128; the key-block kernels with every option in deterministic mode too;
 /// the Hopper kernels' (sm_90a) for f16/bf16 at padded head dims 64 and 128 (narrow) and 128/256
 /// (wide) with none, the mask (also deterministic) and every option they take (also
-/// deterministic: the softcap and the table at 64 only).
+/// deterministic: the softcap and the table at 64 and on the wide kernel only).
 pub fn kernel_sources() -> Vec<KernelSource> {
     let mut out = Vec::new();
     let all = Options {
@@ -274,14 +278,15 @@ pub fn kernel_sources() -> Vec<KernelSource> {
             (128, 256),
             (256, 128),
         ] {
-            let t = BwdKernel::Wgmma(wgmma_bwd_tile(d, dv));
+            let tile = wgmma_bwd_tile(d, dv);
+            let t = BwdKernel::Wgmma(tile);
             push(t, Options::default(), false);
             push(t, mask, false);
             push(t, mask, true);
-            let small = d.max(dv) <= WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM;
+            let takes_all = tile.wide() || d.max(dv) <= WGMMA_BWD_SOFTCAP_MAX_HEAD_DIM;
             let mods = Options {
-                softcap: small,
-                rel_bias: small,
+                softcap: takes_all,
+                rel_bias: takes_all,
                 ..all
             };
             push(t, mods, false);
