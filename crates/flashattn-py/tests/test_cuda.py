@@ -27,24 +27,8 @@ GPU_SHAPES = SHAPES + [
 ]
 
 
-def backward_pending(e: BaseException) -> None:
-    """Turns the library's missing CUDA backward into an expected failure (after checking that it
-    is a clear NotImplementedError); any other error is raised again."""
-    while e is not None and not isinstance(e, NotImplementedError):
-        e = e.__cause__ or e.__context__
-    if e is None:
-        return
-    msg = str(e)
-    assert "backward" in msg and "cuda" in msg, msg
-    pytest.xfail(f"no CUDA backward in this build: {msg}")
-
-
 def cuda_compare(*args, **kwargs):
-    try:
-        compare(*args, device="cuda", **kwargs)
-    except Exception as e:
-        backward_pending(e)
-        raise
+    compare(*args, device="cuda", **kwargs)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -98,11 +82,7 @@ def test_causal_rows_that_see_no_key():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen(causal, dtype):
-    try:
-        check_varlen(causal, dtype, device="cuda")
-    except Exception as e:
-        backward_pending(e)
-        raise
+    check_varlen(causal, dtype, device="cuda")
 
 
 def test_side_stream_is_followed_both_ways():
@@ -145,11 +125,7 @@ def test_torch_compile_fullgraph():
     with torch.no_grad():
         assert torch.equal(compiled(q, k, v, bias), f(q, k, v, bias))
     dout = randn(2, 65, 4, 64, dtype=torch.bfloat16).cuda()
-    try:
-        grads = [torch.autograd.grad(fn(q, k, v, bias), (q, k, v, bias), dout) for fn in (f, compiled)]
-    except Exception as e:
-        backward_pending(e)
-        raise
+    grads = [torch.autograd.grad(fn(q, k, v, bias), (q, k, v, bias), dout) for fn in (f, compiled)]
     for eager, comp in zip(*grads):
         assert torch.equal(eager, comp)
 
@@ -178,14 +154,10 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.flashattn.fwd.default, (vq, vk, vk, None, None, cu_q, cu_k, None, -1, 0, 0.0))
     out, lse = torch.ops.flashattn.fwd(*fwd_args)
     grad_args = [t.requires_grad_() for t in (q.clone(), k.clone(), v.clone(), bias.clone())]
-    try:
-        torch.library.opcheck(torch.ops.flashattn.fwd.default, tuple(grad_args) + fwd_args[4:])
-        bwd_args = (randn(*out.shape, dtype=torch.float16).cuda(), q, k, v, out, lse, bias, slopes,
-                    None, None, 0.3, 20, -1, 5.0)
-        torch.library.opcheck(torch.ops.flashattn.bwd.default, bwd_args)
-    except Exception as e:
-        backward_pending(e)
-        raise
+    torch.library.opcheck(torch.ops.flashattn.fwd.default, tuple(grad_args) + fwd_args[4:])
+    bwd_args = (randn(*out.shape, dtype=torch.float16).cuda(), q, k, v, out, lse, bias, slopes,
+                None, None, 0.3, 20, -1, 5.0)
+    torch.library.opcheck(torch.ops.flashattn.bwd.default, bwd_args)
 
 
 def test_deterministic_gradients_repeat_bit_for_bit():
@@ -195,11 +167,7 @@ def test_deterministic_gradients_repeat_bit_for_bit():
     grads = []
     for _ in range(2):
         out = flash_attn_func(q, k, v, causal=True, deterministic=True, bias=bias)
-        try:
-            grads.append(torch.autograd.grad(out, (q, k, v, bias), dout))
-        except Exception as e:
-            backward_pending(e)
-            raise
+        grads.append(torch.autograd.grad(out, (q, k, v, bias), dout))
     for a, b in zip(*grads):
         assert torch.isfinite(a).all()
         assert torch.equal(a, b)
