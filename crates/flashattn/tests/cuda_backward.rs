@@ -346,6 +346,13 @@ fn hopper_kernel() {
             .alibi(Alibi::PerHead)
             .bias([true, false, true, true]),
         Case::new(70, 90, 256).dtype(f16).softcap(10.0),
+        Case::new(100, 140, 152).dtype(bf16).heads(4, 2).causal(),
+        Case::new(129, 203, 256)
+            .dtype(f16)
+            .heads(6, 2)
+            .window(Some(30), Some(12))
+            .softcap(15.0)
+            .bias([false, true, true, true]),
         Case::new(150, 150, 256)
             .dtype(bf16)
             .heads(4, 2)
