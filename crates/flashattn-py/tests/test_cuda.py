@@ -27,16 +27,12 @@ GPU_SHAPES = SHAPES + [
 ]
 
 
-def cuda_compare(*args, **kwargs):
-    compare(*args, device="cuda", **kwargs)
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
 def test_shapes(shape, dtype):
     b, nq, nk, h, hk, d, causal = shape
     q, k, v = randn(b, nq, h, d, dtype=dtype), randn(b, nk, hk, d, dtype=dtype), randn(b, nk, hk, d, dtype=dtype)
-    cuda_compare(q, k, v, dtype, causal=causal)
+    compare(q, k, v, dtype, causal=causal, device="cuda")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -48,13 +44,13 @@ def test_strided_inputs(dtype):
     k = randn(b, n, h, d + 32, dtype=dtype).cuda()[..., 16 : 16 + d]
     v = randn(b, h, n, d, dtype=dtype).cuda().transpose(1, 2)
     assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
-    cuda_compare(q, k, v, dtype, causal=True)
+    compare(q, k, v, dtype, causal=True, device="cuda")
 
 
 def test_head_dim_of_v_may_differ():
     bf16 = torch.bfloat16
     q, k, v = randn(2, 7, 2, 64, dtype=bf16), randn(2, 65, 2, 64, dtype=bf16), randn(2, 65, 2, 128, dtype=bf16)
-    cuda_compare(q, k, v, bf16, causal=True)
+    compare(q, k, v, bf16, causal=True, device="cuda")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -71,12 +67,12 @@ def test_options(name, dtype):
     if "bias" in opts:
         bias_shape = {"full": (b, h, nq, nk), "broadcast": (1, h, 1, nk)}[opts.pop("bias")]
         bias = randn(*bias_shape, dtype=dtype).cuda()
-    cuda_compare(q, k, v, dtype, bias=bias, **opts)
+    compare(q, k, v, dtype, bias=bias, **opts, device="cuda")
 
 
 def test_causal_rows_that_see_no_key():
     q, k, v = randn(1, 9, 2, 64), randn(1, 4, 2, 64), randn(1, 4, 2, 64)
-    cuda_compare(q, k, v, torch.float32, causal=True)
+    compare(q, k, v, torch.float32, causal=True, device="cuda")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -218,7 +214,7 @@ def test_diagonal(case, dtype):
         opts["alibi_slopes"] = (torch.rand(*slopes[opts["alibi_slopes"]]) * 0.5).cuda()
     L = opts.pop("rel_bias", None)
     rel_bias = None if L is None else randn(h, 2 * L - 1)
-    cuda_compare(q, k, v, dtype, rel_bias=rel_bias, diagonal=diagonal, **opts)
+    compare(q, k, v, dtype, rel_bias=rel_bias, diagonal=diagonal, **opts, device="cuda")
 
 
 @pytest.mark.parametrize("diagonal", [-6, 0, 40])
