@@ -7,16 +7,18 @@
 // kernel) and O += P.V by wgmma RS (P packed to 16 bits in registers, V MN-major). Overlap:
 // S of block j+1 and P.V of block j are issued together, and the softmax of block j+1 runs while
 // P.V is in flight, and the producer loads the next tile's Q and K/V under this tile's last
-// blocks and epilogue; with PINGPONG the two consumers take turns issuing their wgmmas (named
-// barriers), so one's softmax runs under the other's matrix products.
+// blocks and epilogue. The consumers run a fixed lag apart (set once, then kept: no barrier spans
+// them), so one's first softmax and epilogue of a tile run under another's matrix products; with
+// PINGPONG the two consumers take turns issuing every wgmma (named barriers).
 //
 // Defines: ELEM_BF16 or ELEM_F16; DQK, DV (head dims padded to a multiple of 64; DV in {64, 128,
 // 192, 256}); BC, keys a block (32, 64 or 128); NWG in {2, 3} and BR = 64 NWG; STAGES >= 2;
 // PINGPONG (0/1, NWG = 2); RESCALE_SLACK; SECTION_MB (tile_order's L2 section, default 8); the
 // option flags of mask.cuh and NONPOS_SCALE.
 // Parameters: FlashParams, the tensor maps of Q, K, V (rank 4: head dim, rows, heads, batch;
-// boxes of 64 x BR for Q, 64 x BC for K and V), and `sched`, two ints that are 0 before the first
-// launch (each launch leaves them 0) and that no launch running at the same time shares.
+// boxes of 64 x 64 for Q, a consumer's rows, and 64 x BC for K and V), and `sched`, two ints that
+// are 0 before the first launch (each launch leaves them 0) and that no launch running at the same
+// time shares.
 // Persistent: a grid of at most one block per SM (tile_order numbers the tiles), 128 (NWG + 1)
 // threads, WGMMA_SMEM bytes of dynamic shared memory.
 
@@ -30,11 +32,14 @@
 #error "flash_fwd_wgmma: PINGPONG takes two consumer warpgroups"
 #endif
 #define NT (128 * (NWG + 1))
-// Named barriers of the tile slot (1 and 2 are ping-pong's): the producer's warp and the consumers.
+// Named barriers (1 and 2 are ping-pong's): the tile slot's, one pair a consumer (with the producer's
+// warp), and STAGGER + w, where the producer waits once for consumer w's first S.
 #define SLOT_FULL 3
-#define SLOT_READ 4
-#define SLOT_THREADS (32 + 128 * NWG)
+#define SLOT_READ (3 + NWG)
+#define SLOT_THREADS (32 + 128)
+#define STAGGER (3 + 2 * NWG)
 #define Q_BYTES (BR * DQK * 2)
+#define QW_BYTES (64 * DQK * 2)  // one consumer's rows
 #define K_BYTES (BC * DQK * 2)
 #define V_BYTES (BC * DV * 2)
 // 1024 to align the tiles, the tiles, then the mbarriers and the tile slot.
@@ -142,22 +147,26 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
                     const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv, int* sched) {
     extern __shared__ __align__(1024) unsigned char smem[];
     // Shared byte addresses (tiles 1024-aligned): Q, the K ring, the V ring, then the mbarriers and
-    // the tile slot (the tile whose Q is in sQ; -1: no more).
+    // the tile slot (the tile whose Q is in sQ; -1: no more). Each consumer's 64 Q rows have their
+    // own pair of mbarriers, so a consumer that finishes a tile first gets the next tile's Q first.
     const u32 sQ = (smem_addr(smem) + 1023) & ~1023u;
     const u32 sK = sQ + Q_BYTES;
     const u32 sV = sK + STAGES * K_BYTES;
     const u32 bars = sV + STAGES * V_BYTES;
-    const u32 full_q = bars, empty_q = bars + 8;
-    const u32 tile_slot = bars + 8 * (2 + 4 * STAGES);
-    auto full_k = [&](int st) { return bars + 8 * (2 + st); };
-    auto full_v = [&](int st) { return bars + 8 * (2 + STAGES + st); };
-    auto empty_k = [&](int st) { return bars + 8 * (2 + 2 * STAGES + st); };
-    auto empty_v = [&](int st) { return bars + 8 * (2 + 3 * STAGES + st); };
+    const u32 tile_slot = bars + 8 * (2 * NWG + 4 * STAGES);
+    auto full_q = [&](int w) { return bars + 8 * w; };
+    auto empty_q = [&](int w) { return bars + 8 * (NWG + w); };
+    auto full_k = [&](int st) { return bars + 8 * (2 * NWG + st); };
+    auto full_v = [&](int st) { return bars + 8 * (2 * NWG + STAGES + st); };
+    auto empty_k = [&](int st) { return bars + 8 * (2 * NWG + 2 * STAGES + st); };
+    auto empty_v = [&](int st) { return bars + 8 * (2 * NWG + 3 * STAGES + st); };
 
     const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, wg = tid >> 7;
     if (tid == 0) {
-        mbarrier_init(full_q, 1);
-        mbarrier_init(empty_q, 4 * NWG);  // one arrival per consumer warp
+        for (int w = 0; w < NWG; ++w) {
+            mbarrier_init(full_q(w), 1);
+            mbarrier_init(empty_q(w), 4);  // one arrival per warp of consumer w
+        }
         for (int st = 0; st < STAGES; ++st) {
             mbarrier_init(full_k(st), 1);
             mbarrier_init(full_v(st), 1);
@@ -168,8 +177,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     __syncthreads();
     // Persistent: block b starts with tile b, then takes tiles in order from the counter sched[0].
     // The producer passes each tile to the consumers through the tile slot: it writes the slot and
-    // arrives on SLOT_FULL, where the consumers wait before reading it; they arrive on SLOT_READ after
-    // reading, where the producer waits before writing the next (named barriers, which racecheck sees).
+    // arrives on each consumer's SLOT_FULL, where that consumer waits before reading it; a consumer
+    // arrives on its SLOT_READ after reading, where the producer waits before writing the next (named
+    // barriers, which racecheck sees). No barrier spans the consumers, so they need not keep in step.
     const int n_tiles = tile_count(p, BR);  // the host keeps it below 2^31
     const TileOrder order = tile_order(p, BR, SECTION_MB);
 
@@ -189,30 +199,35 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
             return t;
         };
         int kv = 0, qn = 0;
-        auto load_q = [&](int t) {  // publishes tile t (or the end) and loads its Q
-            if (qn > 0) bar_sync(SLOT_READ, SLOT_THREADS);
+        auto load_q = [&](int w, const SeqInfo& s, int i0, int tb) {  // consumer w's Q rows
+            mbarrier_arrive_expect_tx(full_q(w), QW_BYTES);
+#pragma unroll
+            for (int c = 0; c < DQK / 64; ++c)
+                tma_load_4d(sQ + c * BR * 128 + w * 64 * 128, &tq, c * 64, s.q_row0 + i0 + 64 * w, s.h, tb,
+                            full_q(w));
+        };
+        // Publishes tile t (or the end), then loads its Q and K/V blocks. In the first tile with
+        // keys, consumer w > 0 gets its Q after the first K/V block, once consumer w - 1's first S
+        // has landed: the one-time stagger.
+        auto load_tile = [&](int t) {
+            if (qn > 0)
+                for (int w = 0; w < NWG; ++w) bar_sync(SLOT_READ + w, SLOT_THREADS);
             st_shared_s32(tile_slot, t < n_tiles ? t : -1);
-            bar_arrive(SLOT_FULL, SLOT_THREADS);
+            for (int w = 0; w < NWG; ++w) bar_arrive(SLOT_FULL + w, SLOT_THREADS);
             if (t >= n_tiles) return;
-            mbarrier_wait(empty_q, (qn++ & 1) ^ 1);
+            const int ph = (qn++ & 1) ^ 1;
             int i0, nb_first, nb_end;
             const SeqInfo s = tile_info(p, order, t, &i0);
             key_blocks(p, s, i0, min(i0 + BR, s.nq), BC, &nb_first, &nb_end);
-            if (nb_end == nb_first) {  // a tile whose rows see no key
-                mbarrier_arrive(full_q);
-                return;
-            }
             const int tb = p.cu_q != 0 ? 0 : s.b;  // varlen rows are packed into one batch entry
-            mbarrier_arrive_expect_tx(full_q, Q_BYTES);
-#pragma unroll
-            for (int c = 0; c < DQK / 64; ++c)
-                tma_load_4d(sQ + c * BR * 128, &tq, c * 64, s.q_row0 + i0, s.h, tb, full_q);
-        };
-        auto load_kv = [&](int t) {
-            int i0 = 0, nb_first = 0, nb_end = 0;
-            const SeqInfo s = tile_info(p, order, t, &i0);
-            key_blocks(p, s, i0, min(i0 + BR, s.nq), BC, &nb_first, &nb_end);
-            const int tb = p.cu_q != 0 ? 0 : s.b;
+            const bool stagger = qn == 1 && nb_end > nb_first;
+            for (int w = 0; w < NWG; ++w) {
+                mbarrier_wait(empty_q(w), ph);
+                if (nb_end == nb_first)  // a tile whose rows see no key
+                    mbarrier_arrive(full_q(w));
+                else if (w == 0 || !stagger)
+                    load_q(w, s, i0, tb);
+            }
             for (int jb = nb_end - 1; jb >= nb_first; --jb, ++kv) {
                 const int st = kv % STAGES, ph = (kv / STAGES) & 1;
                 const int row = s.k_row0 + jb * BC;
@@ -226,15 +241,19 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #pragma unroll
                 for (int c = 0; c < DV / 64; ++c)
                     tma_load_4d(sV + st * V_BYTES + c * BC * 128, &tv, c * 64, row, s.hk, tb, full_v(st));
+                if (stagger && jb == nb_end - 1)
+                    for (int w = 1; w < NWG; ++w) {
+                        bar_sync(STAGGER + w - 1, SLOT_THREADS);
+                        load_q(w, s, i0, tb);
+                    }
             }
         };
         int cur = (int)blockIdx.x;
         if (cur < n_tiles && p.cu_q != 0 && !has_rows(cur)) cur = claim();
         for (;;) {
             const int next = cur < n_tiles ? claim() : cur;  // claimed a tile ahead
-            load_q(cur);
+            load_tile(cur);
             if (cur >= n_tiles) break;
-            load_kv(cur);
             cur = next;
         }
         // The last block to stop taking tiles resets the counters for the next launch.
@@ -281,13 +300,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     if (wg == 1) bar_arrive(1, 256);
 #endif
 
+    // This consumer's Q mbarriers. The full one's address goes through a shuffle, which ptxas knows
+    // to be warp-uniform: waiting on an address computed from wg moved the main loop's slot
+    // arithmetic off the uniform datapath (+40 instructions a block; kernels/README.md).
+    const u32 my_full_q = __shfl_sync(0xffffffff, full_q(wg), 0), my_empty_q = empty_q(wg);
     int kv = 0, qn = 0;
     for (;;) {
-        bar_sync(SLOT_FULL, SLOT_THREADS);
+        bar_sync(SLOT_FULL + wg, SLOT_THREADS);
         const int tile = ld_shared_s32(tile_slot);
         if (tile < 0) break;
-        bar_arrive(SLOT_READ, SLOT_THREADS);
-        mbarrier_wait(full_q, qn++ & 1);
+        bar_arrive(SLOT_READ + wg, SLOT_THREADS);
+        mbarrier_wait(my_full_q, qn++ & 1);
         int i0, nb_first, nb_end;
         const SeqInfo s = tile_info(p, order, tile, &i0);
         const int i1 = min(i0 + BR, s.nq);
@@ -301,7 +324,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         for (int h = 0; h < 2; ++h) {
             softmax_init(rows.r[h]);
         }
-        if (n_iter == 0) release(empty_q);
+        if (n_iter == 0) release(my_empty_q);
         if (n_iter > 0) {
             const int st = kv % STAGES;
             mbarrier_wait(full_k(st), (kv / STAGES) & 1);
@@ -311,8 +334,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
             turn_pass(wg);
             wgmma_wait<0>();
             wgmma_fence_operands(sc);
+            if (qn == 1 && wg < NWG - 1) bar_arrive(STAGGER + wg, SLOT_THREADS);  // load_tile's stagger
             release(empty_k(st));
-            if (n_iter == 1) release(empty_q);
+            if (n_iter == 1) release(my_empty_q);
             softmax_block(sc, rows, p, s, i0, i1, (nb_end - 1) * BC, wrow0, g, t, mult, slope);
             finish_p(sc, pf, o, rows);
         }
@@ -330,7 +354,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
             wgmma_wait<1>();  // S landed; P.V may still run
             wgmma_fence_operands(sc);
             release(empty_k(st));
-            if (it == n_iter - 1) release(empty_q);
+            if (it == n_iter - 1) release(my_empty_q);
             softmax_block(sc, rows, p, s, i0, i1, (nb_end - 1 - it) * BC, wrow0, g, t, mult, slope);
             wgmma_wait<0>();
             wgmma_fence_operands(o);

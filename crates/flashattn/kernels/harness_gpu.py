@@ -94,7 +94,7 @@ def launch(kernel, tile, q, k, v, causal=False, window=None, softcap=None, alibi
         smem = (16 * (tile["DQK_MAX"] + 1) + bc * (tile["DQK_MAX"] + 1) + bc * tile["DV_MAX"] + 16 * bc) * 4
     ck(cu.cuFuncSetAttribute(f, 8, smem), "set smem")  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     if kernel == "wgmma":
-        maps = [tensor_map(x, box) for x, box in ((q, br), (k, bc), (v, bc))]
+        maps = [tensor_map(x, box) for x, box in ((q, 64), (k, bc), (v, bc))]  # Q: 64 rows a consumer
         sched = torch.zeros(2, dtype=torch.int32, device=q.device)  # the tile counter (left 0 by each launch)
         sched_ptr = ctypes.c_void_p(sched.data_ptr())
         ptrs = [p] + maps + [sched_ptr]

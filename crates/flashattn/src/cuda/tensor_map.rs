@@ -164,17 +164,17 @@ pub(crate) fn encode_accum(layout: &TmaLayout, box_rows: u32) -> Result<TensorMa
     encode_tiled(f32_type, layout, [32, box_rows, 1, 1])
 }
 
-/// The maps of q, k and v of `p` (first elements at `addresses`) for a tile of `br` query rows
+/// The maps of q, k and v of `p` (first elements at `addresses`) for boxes of `q_rows` query rows
 /// and `bc` keys, or `None` when TMA cannot load one (the caller then takes another kernel).
 pub(crate) fn forward_maps(
     p: &Problem,
     addresses: [u64; 3],
-    br: usize,
+    q_rows: usize,
     bc: usize,
 ) -> Option<[TensorMap; 3]> {
     let [q, k, v] = qkv_layouts(p, addresses)?;
     let map = |l: &TmaLayout, rows: usize| encode(p.dtype, l, rows as u32).ok();
-    Some([map(&q, br)?, map(&k, bc)?, map(&v, bc)?])
+    Some([map(&q, q_rows)?, map(&k, bc)?, map(&v, bc)?])
 }
 
 /// The maps of q, k, v and dout (`dout` its row layout) of `p` for the Hopper backward's blocks of
