@@ -148,7 +148,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     extern __shared__ __align__(1024) unsigned char smem[];
     // Shared byte addresses (tiles 1024-aligned): Q, the K ring, the V ring, then the mbarriers and
     // the tile slot (the tile whose Q is in sQ; -1: no more). Each consumer's 64 Q rows have their
-    // own pair of mbarriers, so a consumer that finishes a tile first gets the next tile's Q first.
+    // own pair of mbarriers, so their refill waits for no consumer behind them (the producer waits
+    // for consumer 0's rows first, the one the stagger puts ahead).
     const u32 sQ = (smem_addr(smem) + 1023) & ~1023u;
     const u32 sK = sQ + Q_BYTES;
     const u32 sV = sK + STAGES * K_BYTES;
@@ -206,9 +207,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
                 tma_load_4d(sQ + c * BR * 128 + w * 64 * 128, &tq, c * 64, s.q_row0 + i0 + 64 * w, s.h, tb,
                             full_q(w));
         };
-        // Publishes tile t (or the end), then loads its Q and K/V blocks. In the first tile with
-        // keys, consumer w > 0 gets its Q after the first K/V block, once consumer w - 1's first S
-        // has landed: the one-time stagger.
+        // Publishes tile t (or the end), then loads its Q and K/V blocks. In the block's first tile,
+        // if it has keys, consumer w > 0 gets its Q after the first K/V block, once consumer w - 1's
+        // first S has landed: the one-time stagger (none if that tile has no keys).
         auto load_tile = [&](int t) {
             if (qn > 0)
                 for (int w = 0; w < NWG; ++w) bar_sync(SLOT_READ + w, SLOT_THREADS);
@@ -302,7 +303,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 
     // This consumer's Q mbarriers. The full one's address goes through a shuffle, which ptxas knows
     // to be warp-uniform: waiting on an address computed from wg moved the main loop's slot
-    // arithmetic off the uniform datapath (+40 instructions a block; kernels/README.md).
+    // arithmetic off the uniform datapath (+35 instructions a block; kernels/README.md).
     const u32 my_full_q = __shfl_sync(0xffffffff, full_q(wg), 0), my_empty_q = empty_q(wg);
     int kv = 0, qn = 0;
     for (;;) {

@@ -1,6 +1,6 @@
 """The GPU half of kernels/harness.py: launches a compiled variant on torch tensors through the
 driver API (ctypes), checks it against a float64 reference and times it beside SDPA."""
-import ctypes, math, statistics, sys
+import ctypes, math, os, statistics, sys
 import torch
 import harness as H
 
@@ -94,7 +94,9 @@ def launch(kernel, tile, q, k, v, causal=False, window=None, softcap=None, alibi
         smem = (16 * (tile["DQK_MAX"] + 1) + bc * (tile["DQK_MAX"] + 1) + bc * tile["DV_MAX"] + 16 * bc) * 4
     ck(cu.cuFuncSetAttribute(f, 8, smem), "set smem")  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     if kernel == "wgmma":
-        maps = [tensor_map(x, box) for x, box in ((q, 64), (k, bc), (v, bc))]  # Q: 64 rows a consumer
+        # Q: a box of 64 rows a consumer from version 8 on (QW_BYTES), of the tile's rows before it.
+        main = open(tile.get("_FILE", os.path.join(H.HERE, "flash_fwd_wgmma.cu"))).read()
+        maps = [tensor_map(x, box) for x, box in ((q, 64 if "QW_BYTES" in main else br), (k, bc), (v, bc))]
         sched = torch.zeros(2, dtype=torch.int32, device=q.device)  # the tile counter (left 0 by each launch)
         sched_ptr = ctypes.c_void_p(sched.data_ptr())
         ptrs = [p] + maps + [sched_ptr]
