@@ -216,14 +216,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
             st_shared_s32(tile_slot, t < n_tiles ? t : -1);
             for (int w = 0; w < NWG; ++w) bar_arrive(SLOT_FULL + w, SLOT_THREADS);
             if (t >= n_tiles) return;
-            const int ph = (qn++ & 1) ^ 1;
+            const int qph = (qn++ & 1) ^ 1;
             int i0, nb_first, nb_end;
             const SeqInfo s = tile_info(p, order, t, &i0);
             key_blocks(p, s, i0, min(i0 + BR, s.nq), BC, &nb_first, &nb_end);
             const int tb = p.cu_q != 0 ? 0 : s.b;  // varlen rows are packed into one batch entry
             const bool stagger = qn == 1 && nb_end > nb_first;
             for (int w = 0; w < NWG; ++w) {
-                mbarrier_wait(empty_q(w), ph);
+                mbarrier_wait(empty_q(w), qph);
                 if (nb_end == nb_first)  // a tile whose rows see no key
                     mbarrier_arrive(full_q(w));
                 else if (w == 0 || !stagger)

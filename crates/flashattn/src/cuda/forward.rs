@@ -434,8 +434,8 @@ fn queue(
     // Maps are encoded before the Hopper kernel is compiled: one the driver refuses sends the
     // problem to the other kernels, as on any other GPU.
     let (path, maps) = match choose(p, &align, max_shared, hopper) {
-        // Each consumer warpgroup's 64 Q rows are a box of their own.
-        Path::Wgmma(t) => match forward_maps(p, [ptr.q, ptr.k, ptr.v], 64, t.bc) {
+        // Each consumer warpgroup's Q rows are a box of their own.
+        Path::Wgmma(t) => match forward_maps(p, [ptr.q, ptr.k, ptr.v], t.br / t.nwg, t.bc) {
             Some(maps) => (Path::Wgmma(t), Some(maps)),
             None => (choose(p, &align, max_shared, false), None),
         },

@@ -2,9 +2,10 @@
 //! function, so the tile choice can ask it), and the `CUtensorMap` each is passed to the kernel as.
 //!
 //! Each map has rank 4, innermost first: {head dim, rows, heads, batch}, boxes of 64 elements × the
-//! rows a box loads (the forward's Q: one consumer warpgroup's 64), 128-byte swizzle, zeros out of bounds. TMA needs a 16-byte-aligned address and byte
-//! strides that are multiples of 16 below 2^40; a dimension of size 1 never uses its stride, so
-//! any valid one stands in for it (broadcast or odd strides there do not block the path).
+//! rows a box loads (the forward's Q: one consumer warpgroup's 64), 128-byte swizzle, zeros out of
+//! bounds. TMA needs a 16-byte-aligned address and byte strides that are multiples of 16 below
+//! 2^40; a dimension of size 1 never uses its stride, so any valid one stands in for it (broadcast
+//! or odd strides there do not block the path).
 
 use std::ffi::c_void;
 use std::mem::MaybeUninit;

@@ -130,9 +130,12 @@ pub(crate) fn wgmma_bwd_tile(dqk: usize, dv: usize) -> WgmmaBwdTile {
         stages: 2,
         do_stages,
     };
-    Some(tile(2))
-        .filter(|t| t.shared_bytes() <= HOPPER_SHARED)
-        .unwrap_or_else(|| tile(1))
+    let two = tile(2);
+    if two.shared_bytes() <= HOPPER_SHARED {
+        two
+    } else {
+        tile(1)
+    }
 }
 
 /// Threads per block of the CUDA-core backward kernel.
