@@ -10,7 +10,8 @@ for a while slows every method alike. Every time is the median of all CUDA-event
 rounds, each round after a warm-up; inputs are fresh random values (torch.randn), never zeros.
 TFLOP/s = 4·B·H·N²·D / time (causal: half the FLOPs), times 2.5 for the backward (--pass
 backward: torch's autograd backward of one SDPA call against flashattn's backward_into) and 3.5
-for the forward and backward together (--pass fwdbwd).
+for the forward and backward together (--pass fwdbwd). Each round also times torch's GEMM of two
+8192 × 8192 matrices in the same dtype, the ceiling every rate is put beside (fa/GEMM).
 
     python3 bench/compare_sdpa.py --bin target/release/examples/cuda_bench --json out.json
 
@@ -83,6 +84,20 @@ def time_torch(fn, warmup, samples):
     return times
 
 
+GEMM_N = 8192
+
+
+def time_gemm(args, gen):
+    """CUDA-event samples (ms) of torch's GEMM of two fresh GEMM_N x GEMM_N matrices."""
+    import torch
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
+    a, b = (torch.randn(GEMM_N, GEMM_N, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    t = time_torch(lambda: a @ b, args.warmup, args.samples)
+    del a, b
+    torch.cuda.empty_cache()
+    return t
+
+
 def run_torch(args, shapes, gen):
     import torch
     import torch.nn.functional as F
@@ -151,6 +166,7 @@ def main():
     fa = run_flashattn(args, args.seqlens, args.head_dims, args.causal, args.standard)
     rows = list(fa["results"])
     shapes = sorted({shape_of(r) for r in rows}, key=lambda s: (s[3], s[4], s[1]))
+    gemm_ms = []
     if not args.no_torch:
         # Its flashattn times are replaced by the interleaved rounds' (the standard's are kept).
         rows = [r for r in rows if r["method"] != "flashattn"]
@@ -160,6 +176,7 @@ def main():
         gen = torch.Generator(device="cuda").manual_seed(2026)
         for rnd in range(args.rounds):
             print(f"round {rnd + 1} of {args.rounds}", flush=True)
+            gemm_ms += time_gemm(args, gen)
             for s in shapes:
                 b, n, h, d, causal = s
                 fa_rows = lambda: [r for r in run_flashattn(
@@ -186,6 +203,7 @@ def main():
                 return r["tflops"]
         return None
 
+    gemm = 2.0 * GEMM_N ** 3 / (statistics.median(gemm_ms) * 1e-3) / 1e12 if gemm_ms else None
     methods = ["flashattn"] + (["standard"] if args.standard else []) + \
         ([] if args.no_torch else ["torch-fa2", "torch-cudnn"])
     fmt = lambda x: f"{x:8.1f}" if x else f"{'-':>8}"
@@ -197,10 +215,12 @@ def main():
           f"{rounds}×{args.samples} samples, interleaved rounds of {args.warmup} warm-up + "
           f"{args.samples}), {args.pass_}, FLOPs = 4·B·H·N²·D (causal /2) × "
           f"{ {'forward': 1, 'backward': 2.5, 'fwdbwd': 3.5}[args.pass_]}")
+    if gemm:
+        print(f"torch {args.dtype} GEMM {GEMM_N}³: {gemm:.1f} TFLOP/s (median of {len(gemm_ms)} samples)")
     head = f"{'D':>4} {'causal':>6} {'N':>6} {'B':>3} {'H':>3} |" + \
         "".join(f" {m:>11}" for m in methods)
     if not args.no_torch:
-        head += " | fa/FA2   fa/cuDNN"
+        head += " | fa/FA2   fa/cuDNN  fa/GEMM"
     print(head)
     summary = []
     for s in shapes:
@@ -211,16 +231,18 @@ def main():
         if not args.no_torch:
             fa_rate = rate("flashattn", s)
             r_fa2, r_cudnn = rate("torch-fa2", s), rate("torch-cudnn", s)
-            line += f" | {ratio(fa_rate, r_fa2)} {ratio(fa_rate, r_cudnn)}"
+            line += f" | {ratio(fa_rate, r_fa2)} {ratio(fa_rate, r_cudnn)} {ratio(fa_rate, gemm)}"
             summary.append({"batch": b, "seqlen": n, "heads": h, "head_dim": d, "causal": causal,
                             "flashattn_tflops": fa_rate, "torch_fa2_tflops": r_fa2,
                             "torch_cudnn_tflops": r_cudnn,
                             "ratio_to_fa2": fa_rate / r_fa2 if fa_rate and r_fa2 else None,
-                            "ratio_to_cudnn": fa_rate / r_cudnn if fa_rate and r_cudnn else None})
+                            "ratio_to_cudnn": fa_rate / r_cudnn if fa_rate and r_cudnn else None,
+                            "ratio_to_gemm": fa_rate / gemm if fa_rate and gemm else None})
         print(line)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": fa["device"], "dtype": args.dtype, "pass": args.pass_, "results": rows,
+                       "gemm_tflops": gemm, "gemm_samples_ms": gemm_ms,
                        "summary": summary, "compile_records": fa.get("compile_records", [])},
                       f, indent=1)
         print(f"wrote {args.json}")

@@ -8,12 +8,13 @@
 // S of block j+1 and P.V of block j are issued together, and the softmax of block j+1 runs while
 // P.V is in flight, and the producer loads the next tile's Q and K/V under this tile's last
 // blocks and epilogue. The consumers run a fixed lag apart (set once, then kept: no barrier spans
-// them), so one's first softmax and epilogue of a tile run under another's matrix products; with
-// PINGPONG the two consumers take turns issuing every wgmma (named barriers).
+// them), so one's first softmax and epilogue of a tile run under another's matrix products. Each
+// consumer computes only the key blocks its own rows see (under a mask, or with rows past the end),
+// and frees the tile's other blocks as they land.
 //
 // Defines: ELEM_BF16 or ELEM_F16; DQK, DV (head dims padded to a multiple of 64; DV in {64, 128,
 // 192, 256}); BC, keys a block (32, 64 or 128); NWG in {2, 3} and BR = 64 NWG; STAGES >= 2;
-// PINGPONG (0/1, NWG = 2); RESCALE_SLACK; SECTION_MB (tile_order's L2 section, default 8); the
+// RESCALE_SLACK; SECTION_MB (tile_order's L2 section, default 8); the
 // option flags of mask.cuh and NONPOS_SCALE.
 // Parameters: FlashParams, the tensor maps of Q, K, V (rank 4: head dim, rows, heads, batch;
 // boxes of 64 x 64 for Q, a consumer's rows, and 64 x BC for K and V), and `sched`, two ints that
@@ -28,16 +29,13 @@
 #if BR != 64 * NWG
 #error "flash_fwd_wgmma: BR must be 64 NWG"
 #endif
-#if PINGPONG && NWG != 2
-#error "flash_fwd_wgmma: PINGPONG takes two consumer warpgroups"
-#endif
 #define NT (128 * (NWG + 1))
-// Named barriers (1 and 2 are ping-pong's): the tile slot's, one pair a consumer (with the producer's
-// warp), and STAGGER + w, where the producer waits once for consumer w's first S.
-#define SLOT_FULL 3
-#define SLOT_READ (3 + NWG)
+// Named barriers: the tile slot's, one pair a consumer (with the producer's warp), and STAGGER + w,
+// where the producer waits once for consumer w's first S.
+#define SLOT_FULL 1
+#define SLOT_READ (1 + NWG)
 #define SLOT_THREADS (32 + 128)
-#define STAGGER (3 + 2 * NWG)
+#define STAGGER (1 + 2 * NWG)
 #define Q_BYTES (BR * DQK * 2)
 #define QW_BYTES (64 * DQK * 2)  // one consumer's rows
 #define K_BYTES (BC * DQK * 2)
@@ -54,13 +52,58 @@
 #define CONSUMER_REGS 160
 #endif
 
-__device__ __forceinline__ void st_shared_s32(u32 addr, int x) {
-    asm volatile("st.shared.s32 [%0], %1;" ::"r"(addr), "r"(x) : "memory");
+struct I4 {
+    int x, y, z, w;
+};
+__device__ __forceinline__ void st_shared_v4(u32 addr, I4 v) {
+    asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
 }
-__device__ __forceinline__ int ld_shared_s32(u32 addr) {
-    int x;
-    asm volatile("ld.shared.s32 %0, [%1];" : "=r"(x) : "r"(addr) : "memory");
-    return x;
+__device__ __forceinline__ I4 ld_shared_v4(u32 addr) {
+    I4 v;
+    asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
+                 : "memory");
+    return v;
+}
+
+// The tile slot, written by the producer for every consumer: {tile (-1: no more), i0, stagger, 0},
+// the tile's SeqInfo in two records, then one record a consumer: {key blocks to skip first, to
+// compute, to skip last, the end of the computed ones}. The consumers read it instead of
+// recomputing it, which shortens each tile's start.
+#define SLOT_BYTES (16 * (3 + NWG))
+#if 16 * (NWG + 2 * STAGES) + SLOT_BYTES > 1024
+#error "flash_fwd_wgmma: the mbarriers and the tile slot exceed their 1 KiB"
+#endif
+__device__ __forceinline__ void put_seq(u32 slot, const SeqInfo& s) {
+    st_shared_v4(slot + 16, {s.b, s.h, s.hk, s.q_row0});
+    st_shared_v4(slot + 32, {s.k_row0, s.nq, s.nk, s.diag});
+}
+__device__ __forceinline__ SeqInfo get_seq(u32 slot) {
+    const I4 a = ld_shared_v4(slot + 16), b = ld_shared_v4(slot + 32);
+    return {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+}
+
+// The key blocks consumer w's rows see, within the tile's [first, end) of rows [i0, i1): empty at
+// `end` when it has none. Key blocks are loaded last first, so it skips end - *we blocks, computes
+// *we - *wf and skips *wf - first.
+__device__ __forceinline__ void consumer_blocks(const FlashParams& p, const SeqInfo& s, int i0, int i1, int w,
+                                                int end, int* wf, int* we) {
+    key_blocks(p, s, i0 + 64 * w, min(i0 + 64 * w + 64, i1), BC, wf, we);
+    if (*we <= *wf) *wf = *we = end;
+}
+
+// The first tile staggers the consumers only when each of them sees every key block of it, so
+// every consumer's first S is on the tile's first block.
+__device__ __forceinline__ bool consumers_see_all(const FlashParams& p, const SeqInfo& s, int i0, int i1,
+                                                  int first, int end) {
+    bool all = end > first;
+#pragma unroll
+    for (int w = 0; w < NWG; ++w) {
+        int wf, we;
+        consumer_blocks(p, s, i0, i1, w, end, &wf, &we);
+        all &= wf == first && we == end;
+    }
+    return all;
 }
 
 // One consumer's row state: this lane's rows g and g + 8 of its warp's 16.
@@ -70,13 +113,14 @@ struct Rows {
     bool grow;      // some row of the warp moved its max
 };
 
-// Score mods and the mask on S of key block j0 (rows i0 + wrow0 + g (+8)), then the online softmax:
+// Score mods and the mask on S of key block j0 (this lane's rows `row` and row + 8 of the consumer's
+// rows [r0, r1)), then the online softmax:
 // the max moves (lazily), sc becomes P in f32 and the f32 sums grow. O is untouched here (a P.V
 // may be in flight); `finish_p` applies rows.corr to O once it has landed.
 __device__ __forceinline__ void softmax_block(float (&sc)[BC / 2], Rows& rows, const FlashParams& p,
-                                              const SeqInfo& s, int i0, int i1, int j0, int wrow0, int g, int t,
+                                              const SeqInfo& s, int r0, int r1, int j0, int row, int t,
                                               float mult, float slope) {
-    mods_and_mask<1, BC / 8>(p, s, sc, i0 + wrow0 + g, j0, t, block_is_full(p, s, i0, i1, j0, BC), slope);
+    mods_and_mask<1, BC / 8>(p, s, sc, row, j0, t, block_is_full(p, s, r0, r1, j0, BC), slope);
     float bmax[2];
     bool grow = false;
 #pragma unroll
@@ -129,25 +173,12 @@ __device__ __forceinline__ void finish_p(const float (&sc)[BC / 2], u32 (&pf)[BC
         for (int j = 0; j < 4; ++j) pf[kk][j] = pack2(sc[8 * kk + 2 * j], sc[8 * kk + 2 * j + 1]);
 }
 
-// Ping-pong: consumer `wg` waits for its turn to issue wgmmas, then hands the turn to the other.
-// Consumer 1 passes once before its first turn and consumer 0 takes that extra pass at the end.
-__device__ __forceinline__ void turn_wait(int wg) {
-#if PINGPONG
-    bar_sync(1 + wg, 256);
-#endif
-}
-__device__ __forceinline__ void turn_pass(int wg) {
-#if PINGPONG
-    bar_arrive(1 + (wg ^ 1), 256);
-#endif
-}
-
 extern "C" __global__ void __launch_bounds__(NT, 1)
     flash_fwd_wgmma(const __grid_constant__ FlashParams p, const __grid_constant__ TmaMap tq,
                     const __grid_constant__ TmaMap tk, const __grid_constant__ TmaMap tv, int* sched) {
     extern __shared__ __align__(1024) unsigned char smem[];
     // Shared byte addresses (tiles 1024-aligned): Q, the K ring, the V ring, then the mbarriers and
-    // the tile slot (the tile whose Q is in sQ; -1: no more). Each consumer's 64 Q rows have their
+    // the tile slot (SLOT_BYTES: the tile whose Q is in sQ). Each consumer's 64 Q rows have their
     // own pair of mbarriers, so their refill waits for no consumer behind them (the producer waits
     // for consumer 0's rows first, the one the stagger puts ahead).
     const u32 sQ = (smem_addr(smem) + 1023) & ~1023u;
@@ -207,24 +238,36 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
                 tma_load_4d(sQ + c * BR * 128 + w * 64 * 128, &tq, c * 64, s.q_row0 + i0 + 64 * w, s.h, tb,
                             full_q(w));
         };
-        // Publishes tile t (or the end), then loads its Q and K/V blocks. In the block's first tile,
-        // if it has keys, consumer w > 0 gets its Q after the first K/V block, once consumer w - 1's
-        // first S has landed: the one-time stagger (none if that tile has no keys).
+        // Publishes tile t (or the end), then loads its Q (none for a consumer whose rows see no key)
+        // and K/V blocks. In the block's first tile, if every consumer sees all of its keys, consumer
+        // w > 0 gets its Q after the first K/V block, once consumer w - 1's first S has landed: the
+        // one-time stagger.
         auto load_tile = [&](int t) {
             if (qn > 0)
                 for (int w = 0; w < NWG; ++w) bar_sync(SLOT_READ + w, SLOT_THREADS);
-            st_shared_s32(tile_slot, t < n_tiles ? t : -1);
-            for (int w = 0; w < NWG; ++w) bar_arrive(SLOT_FULL + w, SLOT_THREADS);
-            if (t >= n_tiles) return;
+            if (t >= n_tiles) {
+                st_shared_v4(tile_slot, {-1, 0, 0, 0});
+                for (int w = 0; w < NWG; ++w) bar_arrive(SLOT_FULL + w, SLOT_THREADS);
+                return;
+            }
             const int qph = (qn++ & 1) ^ 1;
             int i0, nb_first, nb_end;
             const SeqInfo s = tile_info(p, order, t, &i0);
-            key_blocks(p, s, i0, min(i0 + BR, s.nq), BC, &nb_first, &nb_end);
+            const int i1 = min(i0 + BR, s.nq);
+            key_blocks(p, s, i0, i1, BC, &nb_first, &nb_end);
             const int tb = p.cu_q != 0 ? 0 : s.b;  // varlen rows are packed into one batch entry
-            const bool stagger = qn == 1 && nb_end > nb_first;
+            const bool stagger = qn == 1 && consumers_see_all(p, s, i0, i1, nb_first, nb_end);
+            st_shared_v4(tile_slot, {t, i0, stagger, 0});
+            put_seq(tile_slot, s);
+            for (int w = 0; w < NWG; ++w) {
+                int wf, we;
+                consumer_blocks(p, s, i0, i1, w, nb_end, &wf, &we);
+                st_shared_v4(tile_slot + 48 + 16 * w, {nb_end - we, we - wf, wf - nb_first, we});
+            }
+            for (int w = 0; w < NWG; ++w) bar_arrive(SLOT_FULL + w, SLOT_THREADS);
             for (int w = 0; w < NWG; ++w) {
                 mbarrier_wait(empty_q(w), qph);
-                if (nb_end == nb_first)  // a tile whose rows see no key
+                if (ld_shared_v4(tile_slot + 48 + 16 * w).y == 0)  // its rows see no key
                     mbarrier_arrive(full_q(w));
                 else if (w == 0 || !stagger)
                     load_q(w, s, i0, tb);
@@ -267,7 +310,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 
     setmaxnreg_inc<CONSUMER_REGS>();
     const int g = lane >> 2, t = lane & 3;
-    const int wrow0 = wg * 64 + warp * 16;  // this warp's first row within the block
     const u32 sQw = sQ + wg * 64 * 128;     // this warpgroup's 64 Q rows in each 64-column block
 #if SCORE_MODS
     const float mult = LOG2E;  // scores are scaled by score_mods
@@ -297,26 +339,32 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         __syncwarp();
         if (lane == 0) mbarrier_arrive(bar);
     };
-#if PINGPONG
-    if (wg == 1) bar_arrive(1, 256);
-#endif
-
     // This consumer's Q mbarriers. The full one's address goes through a shuffle, which ptxas knows
     // to be warp-uniform: waiting on an address computed from wg moved the main loop's slot
     // arithmetic off the uniform datapath (+35 instructions a block; kernels/README.md).
     const u32 my_full_q = __shfl_sync(0xffffffff, full_q(wg), 0), my_empty_q = empty_q(wg);
+    const int wgu = __shfl_sync(0xffffffff, wg, 0);  // the same for the key range (uniform)
     int kv = 0, qn = 0;
+    // Key blocks this consumer's rows do not see: freed as they land.
+    auto skip = [&](int n) {
+        for (int b = 0; b < n; ++b, ++kv) {
+            const int st = kv % STAGES, ph = (kv / STAGES) & 1;
+            mbarrier_wait(full_k(st), ph);
+            release(empty_k(st));
+            mbarrier_wait(full_v(st), ph);
+            release(empty_v(st));
+        }
+    };
     for (;;) {
         bar_sync(SLOT_FULL + wg, SLOT_THREADS);
-        const int tile = ld_shared_s32(tile_slot);
-        if (tile < 0) break;
+        const I4 head = ld_shared_v4(tile_slot);
+        if (head.x < 0) break;
+        const SeqInfo s = get_seq(tile_slot);
+        const I4 mine = ld_shared_v4(tile_slot + 48 + 16 * wgu);
         bar_arrive(SLOT_READ + wg, SLOT_THREADS);
         mbarrier_wait(my_full_q, qn++ & 1);
-        int i0, nb_first, nb_end;
-        const SeqInfo s = tile_info(p, order, tile, &i0);
-        const int i1 = min(i0 + BR, s.nq);
-        key_blocks(p, s, i0, i1, BC, &nb_first, &nb_end);
-        const int n_iter = nb_end - nb_first;
+        const int i0 = head.y, n_iter = mine.y, we = mine.w;
+        const int r0 = i0 + 64 * wgu, r1 = min(r0 + 64, s.nq), row = r0 + warp * 16 + g;
         const float slope = alibi_slope(p, s);
 #pragma unroll
         for (int i = 0; i < DV / 2; ++i) o[i] = 0.f;
@@ -326,19 +374,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
             softmax_init(rows.r[h]);
         }
         if (n_iter == 0) release(my_empty_q);
+        skip(mine.x);
         if (n_iter > 0) {
             const int st = kv % STAGES;
             mbarrier_wait(full_k(st), (kv / STAGES) & 1);
-            turn_wait(wg);
             wgmma_fence();
             issue_s(st);
-            turn_pass(wg);
             wgmma_wait<0>();
             wgmma_fence_operands(sc);
-            if (qn == 1 && wg < NWG - 1) bar_arrive(STAGGER + wg, SLOT_THREADS);  // load_tile's stagger
+            if (head.z && wg < NWG - 1) bar_arrive(STAGGER + wg, SLOT_THREADS);  // load_tile's stagger
             release(empty_k(st));
             if (n_iter == 1) release(my_empty_q);
-            softmax_block(sc, rows, p, s, i0, i1, (nb_end - 1) * BC, wrow0, g, t, mult, slope);
+            softmax_block(sc, rows, p, s, r0, r1, (we - 1) * BC, row, t, mult, slope);
             finish_p(sc, pf, o, rows);
         }
         for (int it = 1; it < n_iter; ++it) {
@@ -346,17 +393,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
             const int pst = (kv + it - 1) % STAGES, pph = ((kv + it - 1) / STAGES) & 1;
             mbarrier_wait(full_k(st), ph);
             mbarrier_wait(full_v(pst), pph);  // loaded before K(it); a wait between wgmmas adds a fence
-            turn_wait(wg);
             wgmma_fence_operands(o);
             wgmma_fence();
             issue_s(st);
             issue_pv(pst);
-            turn_pass(wg);
             wgmma_wait<1>();  // S landed; P.V may still run
             wgmma_fence_operands(sc);
             release(empty_k(st));
             if (it == n_iter - 1) release(my_empty_q);
-            softmax_block(sc, rows, p, s, i0, i1, (nb_end - 1 - it) * BC, wrow0, g, t, mult, slope);
+            softmax_block(sc, rows, p, s, r0, r1, (we - 1 - it) * BC, row, t, mult, slope);
             wgmma_wait<0>();
             wgmma_fence_operands(o);
             release(empty_v(pst));
@@ -366,21 +411,20 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
             kv += n_iter;
             const int pst = (kv - 1) % STAGES, pph = ((kv - 1) / STAGES) & 1;
             mbarrier_wait(full_v(pst), pph);
-            turn_wait(wg);
             wgmma_fence_operands(o);
             wgmma_fence();
             issue_pv(pst);
-            turn_pass(wg);
             wgmma_wait<0>();
             wgmma_fence_operands(o);
             release(empty_v(pst));
         }
+        skip(mine.z);
 
         // Finish: O / l, LSE = ln(sum exp(s)); rows that saw no key give 0 and -inf.
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const float l = row_allreduce_sum<4>(rows.r[h].sum);
-            const int i = i0 + wrow0 + g + 8 * h;
+            const int i = row + 8 * h;
             if (i >= s.nq) continue;
             const float inv = softmax_inv_sum(l);
             elem_t* og = out_row(p, s, i);
@@ -393,7 +437,4 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
             if (t == 0) store_lse(p, s, i, softmax_lse(rows.r[h], l, mult));
         }
     }
-#if PINGPONG
-    if (wg == 0) bar_sync(1, 256);  // consumer 1's opening pass
-#endif
 }

@@ -78,23 +78,19 @@ VARIANTS = {
 }
 
 # The wgmma variants (sm_90a, flash_fwd_wgmma.cu): a producer warpgroup and NWG consumer
-# warpgroups of 64 rows each, BC keys a block, a K/V ring of STAGES slots, PINGPONG turns.
-def wgmma_defines(d, bc, nwg=2, stages=2, pingpong=0, section_mb=8, slack=8, dtype="bf16"):
+# warpgroups of 64 rows each, BC keys a block, a K/V ring of STAGES slots.
+def wgmma_defines(d, bc, nwg=2, stages=2, section_mb=8, slack=8, dtype="bf16"):
     return {f"ELEM_{dtype.upper()}": 1, "DQK": d, "DV": d, "BR": 64 * nwg, "BC": bc, "NWG": nwg,
-            "STAGES": stages, "PINGPONG": pingpong, "SECTION_MB": section_mb, "RESCALE_SLACK": slack}
+            "STAGES": stages, "SECTION_MB": section_mb, "RESCALE_SLACK": slack}
 
 WGMMA = {
     "wgmma_d64_128x128": wgmma_defines(64, 128),
-    "wgmma_d64_128x128_pp": wgmma_defines(64, 128, pingpong=1),
     "wgmma_d64_192x128": wgmma_defines(64, 128, nwg=3),
     "wgmma_d128_128x128": wgmma_defines(128, 128),
-    "wgmma_d128_128x128_pp": wgmma_defines(128, 128, pingpong=1),
     "wgmma_d128_128x64": wgmma_defines(128, 64),
-    "wgmma_d128_128x64_pp": wgmma_defines(128, 64, pingpong=1),
     "wgmma_d192_128x64": wgmma_defines(192, 64),
     "wgmma_d256_128x32": wgmma_defines(256, 32),
     "wgmma_d256_128x64": wgmma_defines(256, 64),
-    "wgmma_d256_128x64_pp": wgmma_defines(256, 64, pingpong=1),
 }
 
 # HARNESS_AB=<path>: every wgmma variant gets a twin `<name>@ab` built from that file instead of

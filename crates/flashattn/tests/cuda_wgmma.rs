@@ -17,7 +17,7 @@ use flashattn::internals::{last_cuda_forward_kernel, set_hopper_forward};
 /// Problems the wgmma kernel takes: both dtypes, head dims 64 to 256 and padded ones, V's head dim
 /// apart from Q's, causal with Nq ≠ Nk both ways, windows, GQA and MQA, every score option (the
 /// relative-position table too),
-/// batch > 1, lengths 1 to 2500, and `[B, H, N, D]` storage (strided rows that TMA still loads).
+/// batch > 1, lengths 1 to 2500 (tiles whose last consumers have no rows, or rows that see no key), and `[B, H, N, D]` storage (strided rows that TMA still loads).
 fn wgmma_cases() -> Vec<Case> {
     vec![
         Case::new(1000, 1000, 64).dtype(BF16).heads(4, 4),
@@ -75,11 +75,17 @@ fn wgmma_cases() -> Vec<Case> {
             .dtype(F16)
             .window(Some(40), Some(3))
             .bias([false, true, true, true]),
-        // Masked with 2048 query rows or more: the 192-row tile at D ≤ 64.
+        // Masked, long, and on the 192-row tile (D ≤ 64).
         Case::new(2048, 2048, 64).dtype(F16).causal(),
         Case::new(2100, 2500, 48)
             .dtype(BF16)
             .window(Some(300), Some(20)),
+        // A consumer whose rows see no key beside one whose rows do (rows below nq - nk see none),
+        // on 128-row tiles and on 192-row ones.
+        Case::new(1064, 200, 128)
+            .dtype(F16)
+            .window(Some(100), Some(0)),
+        Case::new(2200, 200, 64).dtype(BF16).causal(),
         // A relative-position table alone and with every other option.
         Case::new(200, 300, 128)
             .dtype(BF16)

@@ -101,16 +101,14 @@ impl Options {
         .concat()
     }
 
-    /// What steers the tile of a variant with these options, for so many query rows.
-    fn hints(&self, long_queries: bool) -> Hints {
+    /// What steers the tile of a variant with these options.
+    fn hints(&self) -> Hints {
         Hints {
             score_mods: self.softcap
                 || self.alibi
                 || self.bias
                 || self.rel_bias
                 || self.nonpos_scale,
-            mask: self.mask,
-            long_queries,
         }
     }
 
@@ -180,20 +178,15 @@ pub(crate) fn kernel_source(path: &Path, dtype: DType, opts: Options) -> KernelS
         Path::Wgmma(t) => {
             code += &format!(
                 "#define DQK {}\n#define DV {}\n#define BR {}\n#define BC {}\n#define NWG {}\n\
-                 #define STAGES {}\n#define PINGPONG {}\n#define RESCALE_SLACK {}\n",
-                t.dqk, t.dv, t.br, t.bc, t.nwg, t.stages, t.pingpong as u8, RESCALE_SLACK
+                 #define STAGES {}\n#define RESCALE_SLACK {}\n",
+                t.dqk, t.dv, t.br, t.bc, t.nwg, t.stages, RESCALE_SLACK
             );
             code += &[&HEADERS[..], &[MMA, HOPPER, FWD_WGMMA]]
                 .concat()
                 .join("\n");
             let name = format!(
-                "fwd_wgmma_{tname}_d{}x{}_{}x{}s{}{}",
-                t.dqk,
-                t.dv,
-                t.br,
-                t.bc,
-                t.stages,
-                if t.pingpong { "p" } else { "" }
+                "fwd_wgmma_{tname}_d{}x{}_{}x{}s{}",
+                t.dqk, t.dv, t.br, t.bc, t.stages
             );
             (name, "flash_fwd_wgmma")
         }
@@ -211,17 +204,15 @@ pub(crate) fn kernel_source(path: &Path, dtype: DType, opts: Options) -> KernelS
 /// 32..=512). Tiles picked for score mods are listed with every option on (every `#if` branch
 /// compiled); the others with no option and with the mask alone; the CUDA-core kernel with every
 /// option, and with none at head dim 64; the Hopper kernel (sm_90a only) for f16 and bf16, padded
-/// head dims 64 to 256 each, with no option, the mask alone (short and long query runs), and every
+/// head dims 64 to 256 each, with no option, the mask alone, and every
 /// option (on the tile picked for score mods).
 pub fn kernel_sources() -> Vec<KernelSource> {
     let mut out: Vec<KernelSource> = Vec::new();
     for dtype in [DType::F16, DType::BF16] {
         for (dqk, dv) in WGMMA_DIMS.iter().flat_map(|&a| WGMMA_DIMS.map(|b| (a, b))) {
             for opts in [Options::default(), Options::MASK, Options::ALL] {
-                for long_queries in [false, true] {
-                    let t = Path::Wgmma(wgmma_tile(dqk, dv, opts.hints(long_queries)));
-                    out.push(kernel_source(&t, dtype, opts));
-                }
+                let t = Path::Wgmma(wgmma_tile(dqk, dv, opts.hints()));
+                out.push(kernel_source(&t, dtype, opts));
             }
         }
     }
@@ -523,11 +514,7 @@ mod tests {
         for dtype in [DType::F16, DType::BF16] {
             for d in (32..=256).step_by(32) {
                 for (score_mods, mask) in [(false, false), (false, true), (true, true)] {
-                    let hints = Hints {
-                        score_mods,
-                        mask,
-                        long_queries: false,
-                    };
+                    let hints = Hints { score_mods };
                     let opts = if score_mods {
                         Options::ALL
                     } else {
@@ -546,10 +533,8 @@ mod tests {
             for dqk in WGMMA_DIMS {
                 for dv in WGMMA_DIMS {
                     for opts in [Options::default(), Options::MASK, Options::ALL] {
-                        for long in [false, true] {
-                            let t = wgmma_tile(dqk, dv, opts.hints(long));
-                            listed(Path::Wgmma(t), dtype, opts);
-                        }
+                        let t = wgmma_tile(dqk, dv, opts.hints());
+                        listed(Path::Wgmma(t), dtype, opts);
                     }
                 }
             }

@@ -15,11 +15,10 @@
 //!
 //! On Hopper (sm_90a) the warp-specialized TMA + wgmma kernel runs f16/bf16 problems with head dims
 //! up to 256 whose q, k, v TMA can load; the rest as above. Its tiles ([`wgmma_tile`]; figures in
-//! kernels/README.md, version 6), a 2-deep K/V ring and no ping-pong everywhere (ping-pong was
-//! 1-10% slower from N = 4096 at D = 128 and 256):
+//! kernels/README.md, versions 6 and 9), a 2-deep K/V ring everywhere:
 //! - Padded D ≤ 64: 3 consumer warpgroups × 128 keys (192 rows; 1.2× the 2-warpgroup tile from
-//!   N = 2048); 2 warpgroups (128 rows) with score mods (which spill with 3), and with a mask below
-//!   2048 query rows (1.1-1.3× the 192-row tile at N = 512 and 1024 under a causal mask).
+//!   N = 2048, and 1.04-1.07× under a causal mask at N = 512 and 1024 since each consumer computes
+//!   only the key blocks its rows see); 2 warpgroups (128 rows) with score mods (which spill with 3).
 //! - D ≤ 128: 128×128 (1.1-1.2× 128×64); 128×64 with score mods (128×128 spills with them).
 //! - D ≤ 192, and D = 256 without score mods: 128×64 (the O accumulator takes DV/2 registers);
 //!   128×32 at D = 256 with score mods.
@@ -108,8 +107,6 @@ pub(crate) struct WgmmaTile {
     pub nwg: usize,
     /// Depth of the K/V ring.
     pub stages: usize,
-    /// The two consumers take turns issuing their wgmmas (`nwg` = 2).
-    pub pingpong: bool,
 }
 
 impl WgmmaTile {
@@ -141,10 +138,9 @@ pub(crate) fn wgmma_tile(dqk: usize, dv: usize, hints: Hints) -> WgmmaTile {
         bc,
         nwg,
         stages: 2,
-        pingpong: false,
     };
     match (dqk.max(dv), hints.score_mods) {
-        (..=64, false) if !hints.mask || hints.long_queries => tile(3, 128),
+        (..=64, false) => tile(3, 128),
         (..=64, _) | (..=128, false) => tile(2, 128),
         (..=192, _) | (_, false) => tile(2, 64),
         (_, true) => tile(2, 32),
@@ -168,21 +164,12 @@ fn round_up(x: usize, m: usize) -> usize {
 pub(crate) struct Hints {
     /// Softcap, ALiBi, bias or a non-positive scale is compiled in (more registers).
     pub score_mods: bool,
-    /// A window (causal included) is compiled in (the Hopper table only).
-    pub mask: bool,
-    /// At least [`LONG_QUERIES`] query rows (the Hopper table only).
-    pub long_queries: bool,
 }
-
-/// From this many query rows a masked D ≤ 64 problem takes the Hopper kernel's 192-row tile.
-pub(crate) const LONG_QUERIES: usize = 2048;
 
 impl Hints {
     fn of(p: &Problem) -> Self {
         Hints {
             score_mods: p.has_score_mods() || p.scale <= 0.0,
-            mask: !p.window.is_full(),
-            long_queries: p.max_nq >= LONG_QUERIES,
         }
     }
 }
@@ -229,11 +216,7 @@ pub(crate) fn all_mma_tiles(dqk: usize, dv: usize) -> Vec<(MmaTile, Hints)> {
     let mut out: Vec<(MmaTile, Hints)> = Vec::new();
     for score_mods in [false, true] {
         for max_shared in [227 * 1024, 99 * 1024] {
-            let h = Hints {
-                score_mods,
-                mask: false,
-                long_queries: false,
-            };
+            let h = Hints { score_mods };
             let t = mma_tile(dqk, dv, h, max_shared);
             if !out
                 .iter()
@@ -358,21 +341,10 @@ mod tests {
     fn wgmma_tiles_fit_hopper() {
         for dqk in (64..=256).step_by(64) {
             for dv in (64..=256).step_by(64) {
-                for (score_mods, mask, long_queries) in [
-                    (false, false, false),
-                    (false, true, false),
-                    (false, true, true),
-                    (true, true, false),
-                ] {
-                    let hints = Hints {
-                        score_mods,
-                        mask,
-                        long_queries,
-                    };
-                    let t = wgmma_tile(dqk, dv, hints);
+                for score_mods in [false, true] {
+                    let t = wgmma_tile(dqk, dv, Hints { score_mods });
                     assert!(t.shared_bytes() <= 227 * 1024, "{t:?}");
                     assert_eq!(t.br, 64 * t.nwg);
-                    assert!(!t.pingpong || t.nwg == 2, "{t:?}: ping-pong takes two");
                     // A wgmma N of 8..=256 in steps of 8; P.V takes k16 steps.
                     assert!(
                         t.bc.is_multiple_of(16) && t.bc <= 256 && t.br <= 256,
@@ -435,11 +407,7 @@ mod tests {
             let got = pick(&p, true);
             match want {
                 Some((dqk, dv)) => {
-                    let hints = Hints {
-                        score_mods: true,
-                        mask: true,
-                        long_queries: false,
-                    };
+                    let hints = Hints { score_mods: true };
                     assert_eq!(got, Path::Wgmma(wgmma_tile(dqk, dv, hints)), "{dtype} {d}");
                 }
                 None => assert!(!matches!(got, Path::Wgmma(_)), "{dtype} {d}: {got:?}"),
