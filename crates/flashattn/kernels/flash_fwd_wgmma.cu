@@ -265,8 +265,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
                 st_shared_v4(tile_slot + 48 + 16 * w, {nb_end - we, we - wf, wf - nb_first, we});
             }
             for (int w = 0; w < NWG; ++w) bar_arrive(SLOT_FULL + w, SLOT_THREADS);
-            // Consumer w frees its Q after its last S, before its last P.V and its trail of skipped
-            // blocks, which wait on nothing loaded after this Q: moving that release later deadlocks here.
+            // Consumer w frees its Q after its last S; what it does after that (its last P.V, its
+            // trailing skips) waits only on blocks already loaded. A later release would deadlock here.
             for (int w = 0; w < NWG; ++w) {
                 mbarrier_wait(empty_q(w), qph);
                 if (ld_shared_v4(tile_slot + 48 + 16 * w).y == 0)  // its rows see no key
