@@ -16,8 +16,8 @@ use flashattn::internals::{last_cuda_forward_kernel, set_hopper_forward};
 
 /// Problems the wgmma kernel takes: both dtypes, head dims 64 to 256 and padded ones, V's head dim
 /// apart from Q's, causal with Nq ≠ Nk both ways, windows, GQA and MQA, every score option (the
-/// relative-position table too),
-/// batch > 1, lengths 1 to 2500 (tiles whose last consumers have no rows, or rows that see no key), and `[B, H, N, D]` storage (strided rows that TMA still loads).
+/// relative-position table too), batch > 1, lengths 1 to 2500 (tiles whose last consumers have no
+/// rows, or rows that see no key), and `[B, H, N, D]` storage (strided rows that TMA still loads).
 fn wgmma_cases() -> Vec<Case> {
     vec![
         Case::new(1000, 1000, 64).dtype(BF16).heads(4, 4),
