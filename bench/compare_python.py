@@ -20,7 +20,9 @@ fastest of --overhead-repeats calls, and a call with next to no work (B=H=N=1, D
 CUDA (--device cuda): --dtype (bf16 by default) at B=--batch, H=--heads, D=--head-dim, every
 method timed as the CLI times a GPU: batches of back-to-back calls lasting about 50 ms (at most
 200), the fastest batch's time per call (TFLOP/s counting 4·B·H·N²·D, half of it causal, 3.5
-times that for forward+backward). Overhead: the host time to queue one call (calls back to back,
+times that for forward+backward), each timing (and each run of the CLI, one a pass) after
+--cooldown seconds of idle, since the GPU's clock depends on how long it has been busy; medians
+of --rounds. Overhead: the host time to queue one call (calls back to back,
 the mean of --overhead-repeats, flashattn's beside SDPA's, forward and forward+backward), and
 the Python forward's time per call beside the CLI's at that shape.
 
@@ -56,14 +58,14 @@ def fastest(fn, repeats):
     return best * 1e3
 
 
-def cli_times(cli, repeats, threads, **shape):
-    """The CLI's times (ms) by (N, causal, pass) of `flashattn bench --pass both` on `shape`
+def cli_times(cli, repeats, threads, ps="both", **shape):
+    """The CLI's times (ms) by (N, causal, pass) of `flashattn bench --pass ps` on `shape`
     (device, dtype, batch, heads, head_dim, seqlens, causal: yes, no or both)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "bench.json")
         args = [cli, "bench", "--device", shape["device"], "--dtype", shape["dtype"], "--batch", str(shape["batch"]),
                 "--heads", str(shape["heads"]), "--head-dims", str(shape["head_dim"]),
-                "--seqlens", ",".join(map(str, shape["seqlens"])), "--causal", shape["causal"], "--pass", "both",
+                "--seqlens", ",".join(map(str, shape["seqlens"])), "--causal", shape["causal"], "--pass", ps,
                 "--no-standard", "--repeats", str(repeats), "--json", path]
         subprocess.run(args, check=True, stdout=subprocess.DEVNULL,
                        env={**os.environ, "RAYON_NUM_THREADS": str(threads)})
@@ -133,32 +135,50 @@ def cuda_inputs(b, n, h, d, dtype):
     return q, k, v, dout, [t.clone().requires_grad_() for t in (q, k, v)]
 
 
+def cool(seconds):
+    """Leaves the GPU idle before a timing: the H200 runs its first tenths of a second of load at
+    1980 MHz and then at 1.4-1.75 GHz under its power cap, so a fastest batch depends on the idle
+    before it; every GPU timing here (and each CLI process) starts from the same idle."""
+    torch.cuda.synchronize()
+    time.sleep(seconds)
+
+
 def cuda_main(args):
     dtype = getattr(torch, args.dtype)
     b, h, d = args.batch, args.heads, args.head_dim
     seqlens = list(map(int, args.seqlens.split(",")))
     shape = dict(device="cuda", dtype=CLI_DTYPES[args.dtype], batch=b, heads=h, head_dim=d)
-    cli = cli_times(args.flashattn, args.repeats, 1, seqlens=seqlens, causal="both", **shape)
     print(f"{torch.cuda.get_device_name()}, {args.dtype}, B={b} H={h} D={d}; ms per call, fastest of "
-          f"{args.repeats} batches of back-to-back calls (the CLI's GPU timing); SDPA's backend as torch picks it")
+          f"{args.repeats} batches of back-to-back calls (the CLI's GPU timing), each after {args.cooldown} s "
+          f"idle, median of {args.rounds} rounds (py/CLI: median of the rounds' ratios; the CLI's forward and "
+          f"backward from separate runs); SDPA's backend as torch picks it")
     print(f"{'N':>6} {'mask':>6} {'pass':>8} {'python':>9} {'CLI':>9} {'py/CLI':>7} {'SDPA':>9} {'SDPA/py':>8} "
           f"{'py TFLOP/s':>11} {'SDPA TFLOP/s':>13}")
+    med = statistics.median
     for n in seqlens:
         for causal in (False, True):
             q, k, v, dout, leaves = cuda_inputs(b, n, h, d, dtype)
             flops = 4 * b * h * n * n * d / (2 if causal else 1)
-            for ps, mult in (("forward", 1.0), ("fwd+bwd", 3.5)):
-                times = {}
+            rounds = []
+            for _ in range(args.rounds):
+                t = {}
                 for name, fn in methods(causal):
-                    if ps == "forward":
-                        with torch.no_grad():
-                            times[name] = batch_ms(lambda: fn(q, k, v), args.repeats)
-                    else:
-                        times[name] = batch_ms(lambda: torch.autograd.grad(fn(*leaves), leaves, dout), args.repeats)
-                mine, sd, c = times["flashattn"], times["sdpa"], cli.get((n, causal, ps))
-                ratio = f"{mine / c:>7.3f}" if c else f"{'n/a':>7}"
-                print(f"{n:>6} {'causal' if causal else 'full':>6} {ps:>8} {mine:>9.3f} {c or float('nan'):>9.3f} "
-                      f"{ratio} {sd:>9.3f} {sd / mine:>8.2f} {flops * mult / mine / 1e9:>11.1f} "
+                    cool(args.cooldown)
+                    with torch.no_grad():
+                        t[name, "forward"] = batch_ms(lambda: fn(q, k, v), args.repeats)
+                    cool(args.cooldown)
+                    t[name, "fwd+bwd"] = batch_ms(lambda: torch.autograd.grad(fn(*leaves), leaves, dout), args.repeats)
+                for ps in ("forward", "backward"):
+                    cool(args.cooldown)
+                    t["cli", ps] = cli_times(args.flashattn, args.repeats, 1, seqlens=[n], ps=ps,
+                                             causal="yes" if causal else "no", **shape)[n, causal, ps]
+                t["cli", "fwd+bwd"] = t["cli", "forward"] + t["cli", "backward"]
+                rounds.append(t)
+            for ps, mult in (("forward", 1.0), ("fwd+bwd", 3.5)):
+                mine, c, sd = (med(t[m, ps] for t in rounds) for m in ("flashattn", "cli", "sdpa"))
+                ratio = med(t["flashattn", ps] / t["cli", ps] for t in rounds)
+                print(f"{n:>6} {'causal' if causal else 'full':>6} {ps:>8} {mine:>9.3f} {c:>9.3f} {ratio:>7.3f} "
+                      f"{sd:>9.3f} {sd / mine:>8.2f} {flops * mult / mine / 1e9:>11.1f} "
                       f"{flops * mult / sd / 1e9:>13.1f}")
     q, k, v, dout, leaves = cuda_inputs(1, 128, 8, 64, dtype)
     reps = args.overhead_repeats
@@ -231,7 +251,8 @@ def main():
     p.add_argument("--seqlens", default="1024,2048")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--rounds", type=int, default=1,
-                   help="CPU: time every shape this many times, Python and CLI in alternating order; report medians")
+                   help="time every shape this many times (CPU: Python and CLI in alternating order); report medians")
+    p.add_argument("--cooldown", type=float, default=2.0, help="with --device cuda: seconds of idle before each timing")
     p.add_argument("--overhead-repeats", type=int, default=200)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
