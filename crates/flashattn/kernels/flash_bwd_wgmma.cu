@@ -4,7 +4,8 @@
 // of STAGES slots (full and empty mbarriers), walking the query rows of the group's heads that see
 // the block. Each of the two consumer warpgroups owns 64 keys and keeps their dK, dV in f32
 // registers; a step computes
-//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ           wgmma SS (64 keys × 64 queries a warpgroup)
+//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ           wgmma SS (64 keys × 64 queries a warpgroup; at head dim 64
+//                                     RS, K and V kept as A fragments in registers)
 //   Pᵀ = exp(Sᵀ − lse), dSᵀ = Pᵀ∘(dPᵀ − D)   on the accumulators (bwd_p_ds)
 //   dV += Pᵀ·dO, dK += dSᵀ·Q          wgmma RS (Pᵀ, dSᵀ packed to 16 bits; dO, Q MN-major)
 //   dQ = dS·K                         wgmma SS from dSᵀ in shared memory (MN-major A), the f32
@@ -37,6 +38,9 @@
 #define DQ_KEYS (DQ_SHARED ? BKB : 64)
 #define DQ_TILES (DQ_SHARED ? 1 : NWG)
 #define DQ_SYNC (DQ_SHARED ? CONSUMERS : 128)  // the threads that meet before and after a dQ product
+// K and V held as A fragments (registers allow it only at 64). Not in deterministic mode: there
+// ptxas (CUDA 13.0) reuses the fragments' registers inside the step loop (wrong dK; the PTX is right).
+#define KV_REGS (DQK == 64 && DV == 64 && !DETERMINISTIC)
 #define WGMMA_BWD_SMEM                                                                                     \
     (1024 + K_BYTES + V_BYTES + STAGES * (Q_BYTES + DO_BYTES + ROWS_BYTES) + DS_BYTES + DQ_TILES * DQ_BYTES + \
      8 * (1 + 2 * STAGES))
@@ -135,6 +139,19 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     const u32 sdQw = sdQ + bar_wg * DQ_BYTES;  // the dQ tile this warpgroup writes
 #endif
     mbarrier_wait(full_kv, 0);
+#if KV_REGS
+    // This warpgroup's K and V rows as the A fragments of Sᵀ and dPᵀ, loaded once: their products
+    // then read only Qᵀ and dOᵀ from shared memory.
+    u32 kf[4][4], vf[4][4];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const u32 off = sw128_offset(kw + 16 * warp + g + 8 * (q & 1), 16 * ks + 8 * (q >> 1) + 2 * t, BKB);
+            kf[ks][q] = *(const u32*)at(sK + off);
+            vf[ks][q] = *(const u32*)at(sV + off);
+        }
+#endif
 
     for (int it = 0; it < steps; ++it) {
         const int st = it % STAGES, ph = (it / STAGES) & 1;
@@ -146,6 +163,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 
         float sa[BQB / 2], dpa[BQB / 2];
         wgmma_fence();
+#if KV_REGS
+        {
+            const u64 qd = desc_sw128(opaque(sQ)), od = desc_sw128(opaque(sdO));
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) wgmma_rs<BQB>(sa, kf[ks], desc_advance(qd, sw128_k_offset(ks, BQB)), ks > 0);
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) wgmma_rs<BQB>(dpa, vf[ks], desc_advance(od, sw128_k_offset(ks, BQB)), ks > 0);
+        }
+#else
         {
             const u64 kd = desc_sw128(opaque(sK + kw * 128)), qd = desc_sw128(opaque(sQ));
 #pragma unroll
@@ -158,6 +184,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
                 wgmma_ss<BQB>(dpa, desc_advance(vd, sw128_k_offset(ks, BKB)), desc_advance(od, sw128_k_offset(ks, BQB)),
                               ks > 0);
         }
+#endif
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_operands(sa);

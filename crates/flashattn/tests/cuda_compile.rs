@@ -5,8 +5,8 @@
 //!   first and last variant of each family (a kernel, dtype and option set, whatever the tile)
 //!   through the whole compile to PTX; the GPU tests build what they reach for the device's arch;
 //! - the Hopper-only variants (`KernelSource::hopper_only`) for sm_90a, through ptxas, which must
-//!   neither serialize their wgmma nor spill, and (with `cuobjdump` on PATH) SASS with HGMMA and
-//!   no local-memory instruction.
+//!   neither serialize their wgmma nor spill, and (with `cuobjdump` on PATH) SASS with HGMMA, no
+//!   local-memory instruction, and no A fragment kept in registers across a loop overwritten in it.
 #![cfg(feature = "cuda")]
 
 mod nvrtc_support;

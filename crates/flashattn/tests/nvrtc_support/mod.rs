@@ -50,8 +50,9 @@ pub fn cuobjdump() -> Option<PathBuf> {
 }
 
 /// What the SASS of the wgmma build `cubin` of `name` shows that it must not: no HGMMA at all,
-/// local-memory instructions (LDL, STL), or a WARPGROUP.ARRIVE for every other HGMMA or more
-/// (ptxas serialized the wgmma; it does not always warn when it does).
+/// local-memory instructions (LDL, STL), a WARPGROUP.ARRIVE for every other HGMMA or more
+/// (ptxas serialized the wgmma; it does not always warn when it does), or a clobbered A fragment
+/// (see [`clobbered_fragments`]).
 pub fn sass_faults(tool: &Path, name: &str, cubin: &[u8]) -> Vec<String> {
     let file = std::env::temp_dir().join(format!("flashattn-{}-{name}.cubin", std::process::id()));
     if let Err(e) = std::fs::write(&file, cubin) {
@@ -86,12 +87,105 @@ pub fn sass_faults(tool: &Path, name: &str, cubin: &[u8]) -> Vec<String> {
             "{name}: {local} local-memory instructions in the SASS"
         ));
     }
+    faults.extend(
+        clobbered_fragments(&sass)
+            .into_iter()
+            .map(|f| format!("{name}: {f}")),
+    );
     let count = |op: &str| sass.matches(op).count();
     let (hgmma, arrive) = (count("HGMMA."), count("WARPGROUP.ARRIVE"));
     if 2 * arrive >= hgmma {
         faults.push(format!(
             "{name}: {arrive} WARPGROUP.ARRIVE for {hgmma} HGMMA: serialized wgmma"
         ));
+    }
+    faults
+}
+
+/// One SASS instruction: its address and its text (guard, opcode, operands), `;` dropped.
+fn instructions(sass: &str) -> Vec<(u64, &str)> {
+    sass.lines()
+        .filter_map(|line| {
+            let rest = line.trim_start().strip_prefix("/*")?;
+            let (addr, rest) = rest.split_once("*/")?;
+            let text = rest.split(';').next()?.trim();
+            Some((u64::from_str_radix(addr, 16).ok()?, text))
+        })
+        .collect()
+}
+
+/// The registers `text` writes: its first operand when that is a register (two for `.64` and
+/// `.WIDE` forms, four for `.128`); none for an HGMMA (its accumulators are never A fragments).
+fn written(text: &str) -> Vec<u32> {
+    let text = match text.strip_prefix('@') {
+        Some(guarded) => guarded.split_once(' ').map_or("", |(_, t)| t.trim_start()),
+        None => text,
+    };
+    let Some((op, operands)) = text.split_once(' ') else {
+        return Vec::new();
+    };
+    let first = operands.split(',').next().unwrap_or("").trim();
+    let reg = first.strip_prefix('R').and_then(|n| n.parse::<u32>().ok());
+    let width = if op.contains(".128") {
+        4
+    } else if op.contains(".64") || op.contains(".WIDE") {
+        2
+    } else {
+        1
+    };
+    match reg {
+        Some(r) if !op.starts_with("HGMMA") => (r..r + width).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// A-operand registers of a register-A HGMMA inside a loop that were loaded from shared memory
+/// before the loop and not rewritten before the HGMMA in the iteration, yet are overwritten later
+/// in it: the next iteration's HGMMA would read the wrong values. ptxas (CUDA 13.0) did this to
+/// the narrow backward's K and V fragments in its deterministic variants.
+fn clobbered_fragments(sass: &str) -> Vec<String> {
+    let ins = instructions(sass);
+    let writes: Vec<(u64, &str, Vec<u32>)> = ins.iter().map(|&(a, t)| (a, t, written(t))).collect();
+    let back_edges = ins.iter().filter_map(|&(a, t)| {
+        let conditional = t.starts_with('@') && t.contains(" BRA");
+        let target = t.rsplit(' ').next()?.strip_prefix("0x")?;
+        let target = u64::from_str_radix(target, 16).ok()?;
+        (conditional && target < a).then_some((target, a))
+    });
+    let mut faults = Vec::new();
+    for (start, end) in back_edges {
+        for &(x, t) in ins.iter().filter(|&&(x, _)| (start..=end).contains(&x)) {
+            let Some(a) = t
+                .strip_prefix("HGMMA")
+                .and_then(|r| r.split(", ").nth(1))
+                .and_then(|r| r.strip_prefix('R')?.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            for r in a..a + 4 {
+                let writes_in = |lo: u64, hi: u64| {
+                    writes
+                        .iter()
+                        .filter(move |w| (lo..hi).contains(&w.0) && w.2.contains(&r))
+                };
+                let loaded_before = writes
+                    .iter()
+                    .rev()
+                    .find(|w| w.0 < start && w.2.contains(&r));
+                let shared = loaded_before.is_some_and(|w| w.1.starts_with("LDS"));
+                if shared
+                    && writes_in(start, x).next().is_none()
+                    && let Some(w) = writes_in(x + 1, end + 1).next()
+                {
+                    faults.push(format!(
+                        "R{r}, an A fragment of the HGMMA at {x:#x} loaded before the loop at \
+                         {start:#x}, is overwritten at {:#x} ({})",
+                        w.0, w.1
+                    ));
+                    break; // one report an HGMMA
+                }
+            }
+        }
     }
     faults
 }
