@@ -39,7 +39,8 @@
 #define DQ_TILES (DQ_SHARED ? 1 : NWG)
 #define DQ_SYNC (DQ_SHARED ? CONSUMERS : 128)  // the threads that meet before and after a dQ product
 // K and V held as A fragments (registers allow it only at 64). Not in deterministic mode: there
-// ptxas (CUDA 13.0) reuses the fragments' registers inside the step loop (wrong dK; the PTX is right).
+// ptxas (CUDA 13.0) reuses the fragments' registers inside the step loop (wrong dK; the PTX is right),
+// which tests/cuda_compile.rs looks for in the SASS of CI's NVRTC (other versions are not checked).
 #define KV_REGS (DQK == 64 && DV == 64 && !DETERMINISTIC)
 #define WGMMA_BWD_SMEM                                                                                     \
     (1024 + K_BYTES + V_BYTES + STAGES * (Q_BYTES + DO_BYTES + ROWS_BYTES) + DS_BYTES + DQ_TILES * DQ_BYTES + \
@@ -142,11 +143,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #if KV_REGS
     // This warpgroup's K and V rows as the A fragments of Sᵀ and dPᵀ, loaded once: their products
     // then read only Qᵀ and dOᵀ from shared memory.
-    u32 kf[4][4], vf[4][4];
+    u32 kf[DQK / 16][4], vf[DV / 16][4];
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
+    for (int ks = 0; ks < DQK / 16; ++ks)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
+        for (int q = 0; q < 4; ++q) {  // the accumulator layout's elements 8 ks + 2q and + 1
             const u32 off = sw128_offset(kw + 16 * warp + g + 8 * (q & 1), 16 * ks + 8 * (q >> 1) + 2 * t, BKB);
             kf[ks][q] = *(const u32*)at(sK + off);
             vf[ks][q] = *(const u32*)at(sV + off);
@@ -167,9 +168,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         {
             const u64 qd = desc_sw128(opaque(sQ)), od = desc_sw128(opaque(sdO));
 #pragma unroll
-            for (int ks = 0; ks < 4; ++ks) wgmma_rs<BQB>(sa, kf[ks], desc_advance(qd, sw128_k_offset(ks, BQB)), ks > 0);
+            for (int ks = 0; ks < DQK / 16; ++ks)
+                wgmma_rs<BQB>(sa, kf[ks], desc_advance(qd, sw128_k_offset(ks, BQB)), ks > 0);
 #pragma unroll
-            for (int ks = 0; ks < 4; ++ks) wgmma_rs<BQB>(dpa, vf[ks], desc_advance(od, sw128_k_offset(ks, BQB)), ks > 0);
+            for (int ks = 0; ks < DV / 16; ++ks)
+                wgmma_rs<BQB>(dpa, vf[ks], desc_advance(od, sw128_k_offset(ks, BQB)), ks > 0);
         }
 #else
         {

@@ -39,7 +39,7 @@ __device__ __forceinline__ u32 sw128_k_offset(int ks, int rows) {
 }
 
 // Byte offset of 16-bit element (r, c) in a K-major 128B-swizzled tile of `rows` rows: for tiles
-// written by ordinary stores (then `fence_proxy_async`) instead of TMA.
+// written by ordinary stores (then `fence_proxy_async`) instead of TMA, or read by ordinary loads.
 __device__ __forceinline__ u32 sw128_offset(int r, int c, int rows) {
     return (u32)((c >> 6) * rows * 128 + r * 128 + ((((c >> 3) & 7) ^ (r & 7)) << 4) + (c & 7) * 2);
 }

@@ -13,7 +13,7 @@ mod nvrtc_support;
 
 use flashattn::cuda::{self, KernelSource};
 use flashattn::{Device, Error, Tensor};
-use nvrtc_support::{cuobjdump, nvrtc_here, ptxas_faults, sass_faults};
+use nvrtc_support::{clobbered_fragments, cuobjdump, nvrtc_here, ptxas_faults, sass_faults};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 
@@ -142,6 +142,48 @@ fn hopper_variants_neither_serialize_wgmma_nor_spill() {
     };
     println!("{} Hopper variants checked, {sass}", sources.len());
     assert!(faults.is_empty(), "{}", faults.join("\n"));
+}
+
+/// The clobber check on a made-up loop whose HGMMA reads R8..R11, loaded before the loop: a MOV
+/// into R9 after the HGMMA is flagged; other writes, or R9 rewritten before the HGMMA, are not;
+/// with no loop at all the check says it found none.
+#[test]
+fn an_a_fragment_overwritten_in_its_loop_is_flagged() {
+    let sass = |before: &str, after: &str, branch: &str| {
+        [
+            "/*0000*/ LDS.128 R8, [R2] ;",
+            "/*0010*/ SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [R3], R4 ;",
+            &format!("/*0018*/ {before} ;"),
+            "/*0020*/ HGMMA.64x64x16.F32.BF16 R24, R8, gdesc[UR4], RZ, !UPT, gsb0 ;",
+            "/*0030*/ WARPGROUP.DEPBAR.LE gsb0, 0x0 ;",
+            &format!("/*0040*/ {after} ;"),
+            &format!("/*0050*/ {branch} ;"),
+            "/*0060*/ EXIT ;",
+        ]
+        .map(|l| format!("        {l}   /* 0x0 */\n"))
+        .concat()
+    };
+    let faults = clobbered_fragments(&sass("NOP", "MOV R9, R30", "@P0 BRA 0x10"));
+    assert_eq!(faults.len(), 1, "{faults:?}");
+    assert!(
+        faults[0].contains("R9") && faults[0].contains("0x40"),
+        "{faults:?}"
+    );
+    for clean in [
+        sass("NOP", "FADD R60, R24, R25", "@P0 BRA 0x10"),
+        sass(
+            "F2FP.BF16.F32.PACK_AB R9, R57, R56",
+            "MOV R9, R30",
+            "@P0 BRA 0x10",
+        ),
+    ] {
+        assert_eq!(clobbered_fragments(&clean), Vec::<String>::new());
+    }
+    let no_loop = clobbered_fragments(&sass("NOP", "NOP", "BRA 0x10"));
+    assert!(
+        no_loop.len() == 1 && no_loop[0].contains("no loop"),
+        "{no_loop:?}"
+    );
 }
 
 #[test]

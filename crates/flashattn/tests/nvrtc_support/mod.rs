@@ -114,54 +114,86 @@ fn instructions(sass: &str) -> Vec<(u64, &str)> {
         .collect()
 }
 
-/// The registers `text` writes: its first operand when that is a register (two for `.64` and
-/// `.WIDE` forms, four for `.128`); none for an HGMMA (its accumulators are never A fragments).
-fn written(text: &str) -> Vec<u32> {
-    let text = match text.strip_prefix('@') {
+/// `text` without its guard predicate (`@P0 `, `@!UP1 `).
+fn unguarded(text: &str) -> &str {
+    match text.strip_prefix('@') {
         Some(guarded) => guarded.split_once(' ').map_or("", |(_, t)| t.trim_start()),
         None => text,
-    };
-    let Some((op, operands)) = text.split_once(' ') else {
+    }
+}
+
+/// The registers `text` writes: an HGMMA's accumulators (N/2 from its shape), else its first
+/// register operand (after the predicate that SHFL and ATOM write first), two of them for 64-bit
+/// forms (not funnel shifts, which write one) and CS2R, four for `.128`.
+fn written(text: &str) -> Vec<u32> {
+    let Some((op, operands)) = unguarded(text).split_once(' ') else {
         return Vec::new();
     };
-    let first = operands.split(',').next().unwrap_or("").trim();
-    let reg = first.strip_prefix('R').and_then(|n| n.parse::<u32>().ok());
-    let width = if op.contains(".128") {
+    let mut operands = operands.split(',').map(str::trim);
+    let mut first = operands.next().unwrap_or("");
+    if ["SHFL", "ATOM"].iter().any(|o| op.starts_with(o)) && !first.starts_with('R') {
+        first = operands.next().unwrap_or("");
+    }
+    let Some(reg) = first.strip_prefix('R').and_then(|n| n.parse::<u32>().ok()) else {
+        return Vec::new();
+    };
+    let width = if let Some(shape) = op.strip_prefix("HGMMA.64x") {
+        shape
+            .split('x')
+            .next()
+            .and_then(|n| n.parse::<u32>().ok())
+            .map_or(1, |n| n / 2)
+    } else if op.contains(".128") {
         4
-    } else if op.contains(".64") || op.contains(".WIDE") {
+    } else if !op.starts_with("SHF")
+        && (op.contains("64") || op.contains(".WIDE") || op.starts_with("CS2R"))
+    {
         2
     } else {
         1
     };
-    match reg {
-        Some(r) if !op.starts_with("HGMMA") => (r..r + width).collect(),
-        _ => Vec::new(),
-    }
+    (reg..reg + width).collect()
 }
 
 /// A-operand registers of a register-A HGMMA inside a loop that were loaded from shared memory
 /// before the loop and not rewritten before the HGMMA in the iteration, yet are overwritten later
 /// in it: the next iteration's HGMMA would read the wrong values. ptxas (CUDA 13.0) did this to
-/// the narrow backward's K and V fragments in its deterministic variants.
-fn clobbered_fragments(sass: &str) -> Vec<String> {
+/// the narrow backward's K and V fragments in its deterministic variants. (A fragment prefetched
+/// by a shared load after its HGMMA would be flagged too; no kernel does that.)
+pub fn clobbered_fragments(sass: &str) -> Vec<String> {
     let ins = instructions(sass);
     let writes: Vec<(u64, &str, Vec<u32>)> = ins.iter().map(|&(a, t)| (a, t, written(t))).collect();
-    let back_edges = ins.iter().filter_map(|&(a, t)| {
-        let conditional = t.starts_with('@') && t.contains(" BRA");
-        let target = t.rsplit(' ').next()?.strip_prefix("0x")?;
-        let target = u64::from_str_radix(target, 16).ok()?;
-        (conditional && target < a).then_some((target, a))
-    });
+    // Loops end in a conditional backward branch; the unconditional ones come back from the
+    // retry blocks of mbarrier waits placed after the kernel's exits.
+    let back_edges: Vec<(u64, u64)> = ins
+        .iter()
+        .filter_map(|&(a, t)| {
+            let conditional = t.starts_with('@') && t.contains(" BRA");
+            let target = t.rsplit(' ').next()?.strip_prefix("0x")?;
+            let target = u64::from_str_radix(target, 16).ok()?;
+            (conditional && target < a).then_some((target, a))
+        })
+        .collect();
+    let register_a = |t: &str| {
+        let operand = unguarded(t).strip_prefix("HGMMA")?.split(", ").nth(1)?;
+        operand.strip_prefix('R')?.parse::<u32>().ok()
+    };
+    let hgmmas: Vec<(u64, u32)> = ins
+        .iter()
+        .filter_map(|&(x, t)| Some((x, register_a(t)?)))
+        .collect();
     let mut faults = Vec::new();
-    for (start, end) in back_edges {
-        for &(x, t) in ins.iter().filter(|&&(x, _)| (start..=end).contains(&x)) {
-            let Some(a) = t
-                .strip_prefix("HGMMA")
-                .and_then(|r| r.split(", ").nth(1))
-                .and_then(|r| r.strip_prefix('R')?.parse::<u32>().ok())
-            else {
-                continue;
-            };
+    if !hgmmas.is_empty()
+        && !hgmmas
+            .iter()
+            .any(|&(x, _)| back_edges.iter().any(|&(s, e)| (s..=e).contains(&x)))
+    {
+        faults.push(
+            "no loop found around its register-A HGMMAs (has the SASS format changed?)".into(),
+        );
+    }
+    for &(start, end) in &back_edges {
+        for &(x, a) in hgmmas.iter().filter(|&&(x, _)| (start..=end).contains(&x)) {
             for r in a..a + 4 {
                 let writes_in = |lo: u64, hi: u64| {
                     writes
@@ -172,7 +204,7 @@ fn clobbered_fragments(sass: &str) -> Vec<String> {
                     .iter()
                     .rev()
                     .find(|w| w.0 < start && w.2.contains(&r));
-                let shared = loaded_before.is_some_and(|w| w.1.starts_with("LDS"));
+                let shared = loaded_before.is_some_and(|w| unguarded(w.1).starts_with("LDS"));
                 if shared
                     && writes_in(start, x).next().is_none()
                     && let Some(w) = writes_in(x + 1, end + 1).next()
